@@ -1,0 +1,85 @@
+"""Checkpoints: atomic writes (tmp + fsync + rename), keep-last-N, safe loading (``weights_only=True``).
+
+A checkpoint is a dict of tensors, numbers, strings, lists and dicts only, so ``torch.load`` never
+has to unpickle arbitrary objects: a file carrying code is refused.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+
+import torch
+
+from fastrl.config import UserError
+
+_NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
+
+
+def checkpoint_path(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"ckpt_{step:012d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoints in ``directory``, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+
+
+def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
+    """Write ``state`` atomically to ``path``; then delete all but the newest ``keep`` (0 keeps all)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write checkpoint {path}: {e.strerror}; free disk space (earlier checkpoints are intact)") from None
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    if keep > 0:
+        for old in list_checkpoints(path.parent)[:-keep]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def resolve_checkpoint(target: str | Path) -> Path:
+    """A checkpoint file, or the newest checkpoint of a run directory."""
+    target = Path(target)
+    if target.is_file():
+        return target
+    if target.is_dir():
+        found = list_checkpoints(target / "checkpoints") or list_checkpoints(target)
+        if found:
+            return found[-1]
+        raise UserError(f"no checkpoint found in {str(target)!r}; pass a run directory that holds checkpoints/ckpt_*.pt")
+    raise UserError(f"checkpoint {str(target)!r} not found; pass an existing checkpoint file or run directory")
+
+
+def load_checkpoint(target: str | Path) -> dict:
+    """Load safely. A corrupted, truncated or code-carrying file raises a one-line UserError."""
+    path = resolve_checkpoint(target)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data "
+                        f"({str(e).splitlines()[0][:120]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
+        older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
+        hint = f"; try the older checkpoint {older[-1]}" if older else ""
+        raise UserError(f"checkpoint {path} is corrupted or truncated ({type(e).__name__}){hint}") from None
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise UserError(f"{path} is not a fastrl checkpoint (no model/config entries)")
+    return state

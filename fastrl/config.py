@@ -1,0 +1,241 @@
+"""Typed run configuration: one flat dataclass, loaded from YAML, overridden from the CLI, validated up front.
+
+Precedence: dataclass defaults < YAML file (``--config``) < CLI flags. Every field is a CLI flag
+(``n_envs`` -> ``--n-envs``) whose help text is the field's ``help`` metadata.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: reported as one line, never with a traceback."""
+
+
+def _f(default, help: str, choices=None):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, "choices": choices})
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+ALGOS = ("ppo", "a2c")
+
+
+@dataclass
+class Config:
+    # --- run ---
+    algo: str = _f("ppo", "algorithm", ALGOS)
+    env: str = _f("CartPole-v1", "environment id (EnvPool id, or any Gymnasium id through the fallback)")
+    n_envs: int = _f(8, "parallel environments (per rank)")
+    total_steps: int = _f(60_000, "environment steps to train for (all ranks together)")
+    seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
+    device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
+    run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>)")
+    torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = leave torch's default)")
+    deterministic: bool = _f(False, "use deterministic torch algorithms (slower)")
+    # --- environment ---
+    env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium", ("auto", "envpool", "gymnasium"))
+    env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
+    normalize_obs: bool = _f(False, "running mean/std observation normalization")
+    normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
+    obs_clip: float = _f(10.0, "clip normalized observations to [-obs_clip, obs_clip]")
+    reward_clip: float = _f(10.0, "clip scaled rewards to [-reward_clip, reward_clip]")
+    # --- model ---
+    hidden_sizes: list = _f([64, 64], "hidden layer widths of the MLP trunk(s)")
+    activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
+    shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
+    init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
+    # --- optimisation (shared by the algorithms) ---
+    n_steps: int = _f(128, "rollout length T per env per iteration")
+    lr: float = _f(2.5e-4, "learning rate")
+    anneal_lr: bool = _f(True, "anneal the learning rate linearly to lr_floor")
+    lr_floor: float = _f(1e-5, "final learning rate of the linear schedule")
+    adam_eps: float = _f(1e-5, "Adam epsilon")
+    gamma: float = _f(0.99, "discount factor")
+    gae_lambda: float = _f(0.95, "GAE lambda")
+    ent_coef: float = _f(0.0, "entropy bonus coefficient")
+    vf_coef: float = _f(0.5, "value loss coefficient")
+    max_grad_norm: float = _f(0.5, "global gradient-norm clip (0 disables)")
+    # --- PPO ---
+    n_epochs: int = _f(4, "PPO epochs per rollout")
+    n_minibatches: int = _f(4, "PPO minibatches per epoch")
+    clip_coef: float = _f(0.2, "PPO surrogate clip range")
+    clip_vloss: bool = _f(True, "clip the value loss around the old value")
+    norm_adv: bool = _f(True, "normalize advantages per minibatch")
+    target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")
+    # --- logging, checkpoints, evaluation ---
+    log_interval: int = _f(1, "iterations between metric logs")
+    progress: bool = _f(True, "show a progress bar")
+    tensorboard: bool = _f(True, "write TensorBoard events")
+    wandb: str = _f("offline", "wandb mode: offline (no network), online, disabled", ("offline", "online", "disabled"))
+    wandb_project: str = _f("fastrl", "wandb project name")
+    checkpoint_interval: int = _f(0, "iterations between periodic checkpoints (0 = only the final one)")
+    keep_checkpoints: int = _f(3, "how many checkpoints to keep")
+    eval_episodes: int = _f(10, "episodes per seed for the end-of-run evaluation (0 disables)")
+    eval_seeds: int = _f(1, "seeds for the end-of-run evaluation")
+    stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
+    resume: str = _f("", "resume from a run directory or checkpoint file")
+
+    # Derived sizes are computed once, here.
+    @property
+    def batch_size(self) -> int:
+        return self.n_envs * self.n_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.n_minibatches
+
+    def validate(self) -> "Config":
+        """Raise UserError naming the first bad value and how to fix it."""
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise UserError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints", "eval_seeds"]
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
+        non_negative = ["ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
+                        "env_threads", "checkpoint_interval", "eval_episodes", "clip_coef", "obs_clip", "reward_clip"]
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise UserError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.batch_size % self.n_minibatches:
+            raise UserError(f"n_envs*n_steps={self.batch_size} is not divisible by n_minibatches={self.n_minibatches}; "
+                            "pick n_minibatches that divides it")
+        if not self.hidden_sizes or any((not isinstance(h, int)) or h <= 0 for h in self.hidden_sizes):
+            raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.lr_floor > self.lr:
+            raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_TYPES = typing.get_type_hints(Config)
+
+
+def _coerce(name: str, value):
+    """Convert a YAML or CLI value to the field's type, or raise UserError."""
+    kind = _TYPES[name]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(float(value)) if float(value).is_integer() else int(value)
+            except ValueError:
+                pass
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif kind is list:
+        if isinstance(value, str):
+            try:
+                value = [int(v) for v in value.replace(",", " ").split()]
+            except ValueError:
+                pass
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return list(value)
+    raise UserError(f"{name}: expected {kind.__name__}, got {value!r}")
+
+
+def _unknown_key(name: str, where: str) -> UserError:
+    close = difflib.get_close_matches(name, FIELDS, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else "; see --help for the valid keys"
+    return UserError(f"unknown config key {name!r} in {where}{hint}")
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UserError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {str(path)!r} must hold a mapping of key: value")
+    return data
+
+
+def make_config(overrides: dict | None = None, yaml_path: str | None = None, where: str = "overrides") -> Config:
+    """Defaults < YAML < overrides, coerced and validated."""
+    values: dict = {}
+    if yaml_path:
+        for key, value in load_yaml(yaml_path).items():
+            key = key.replace("-", "_")
+            if key not in FIELDS:
+                raise _unknown_key(key, yaml_path)
+            values[key] = _coerce(key, value)
+    for key, value in (overrides or {}).items():
+        key = key.replace("-", "_")
+        if key not in FIELDS:
+            raise _unknown_key(key, where)
+        values[key] = _coerce(key, value)
+    return Config(**values).validate()
+
+
+class _ArgParser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        raise UserError(message)
+
+
+def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
+    parser = _ArgParser(prog=prog, description="Train an agent. Flags override --config, which overrides the defaults.",
+                        allow_abbrev=False)
+    parser.add_argument("--config", default=None, help="YAML file with config keys (e.g. configs/ppo/cartpole.yaml)")
+    for f in dataclasses.fields(Config):
+        kind = _TYPES[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = f"{f.metadata['help']} (default: {default})"
+        if f.metadata.get("choices"):
+            help_text += f" [choices: {', '.join(f.metadata['choices'])}]"
+        flag = "--" + f.name.replace("_", "-")
+        nargs = "+" if kind is list else None
+        parser.add_argument(flag, dest=f.name, default=None, nargs=nargs, help=help_text,
+                            metavar=kind.__name__.upper())
+    return parser
+
+
+def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[dict, str | None]:
+    """The flags the user actually passed (as raw strings) and the ``--config`` path."""
+    args = build_parser(prog).parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    if "hidden_sizes" in overrides:
+        overrides["hidden_sizes"] = " ".join(overrides["hidden_sizes"])
+    return overrides, args.config
+
+
+def parse_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> Config:
+    overrides, yaml_path = parse_cli_overrides(argv, prog)
+    return make_config(overrides, yaml_path, where="command-line flags")

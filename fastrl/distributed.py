@@ -1,0 +1,80 @@
+"""torchrun set-up: ranks, devices, backend (NCCL on CUDA, gloo on CPU) and the few collectives we use.
+
+A plain ``python -m fastrl.train`` runs as a world of one with no process group.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank}"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        from fastrl.config import UserError
+        raise UserError(f"device={name!r} was asked for but CUDA is not available; use --device cpu")
+    return device
+
+
+def setup(device_name: str) -> tuple[DistInfo, torch.device]:
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK, pick the device, init the process group if needed."""
+    info = DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                    int(os.environ.get("LOCAL_RANK", 0)))
+    device = resolve_device(device_name, info.local_rank)
+    if info.enabled and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return info, device
+
+
+def cleanup() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=op)
+    return tensor
+
+
+def broadcast_module_(module: torch.nn.Module, src: int = 0) -> None:
+    """Make every rank start from rank ``src``'s parameters and buffers."""
+    if dist.is_initialized():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor.data, src)
+
+
+def all_reduce_grads_(params: list, world_size: int) -> None:
+    """Average gradients across ranks with one flattened all-reduce (keeps parameters bitwise identical)."""
+    if not dist.is_initialized():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat /= world_size
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        grad.copy_(synced)

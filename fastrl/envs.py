@@ -1,0 +1,285 @@
+"""One batched environment interface over EnvPool (sync) and Gymnasium's subprocess vector env.
+
+Conventions shared by both backends:
+- ``step(action)`` returns CPU tensors ``observation [N, *obs_shape]`` (native dtype; float64 becomes
+  float32), ``reward [N] float32``, ``terminated [N] bool``, ``truncated [N] bool`` and ``valid [N] bool``.
+- An env whose episode ended on step t auto-resets on step t+1: that step's action is ignored, its
+  reward is 0 and it returns the first observation of the new episode. ``valid`` is False on exactly
+  those reset steps; they must be masked out of every loss and statistic.
+- The observation returned on the step that ends an episode is the episode's real final observation,
+  so a truncated episode can be bootstrapped from it.
+- Env i of a batch built with ``seed`` is seeded ``seed + i``.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fastrl.config import UserError
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """``discrete``: actions are int64 ``[N]`` in ``[0, n)``. ``continuous``: float32 ``[N, *shape]`` in ``[low, high]``."""
+    kind: str
+    n: int = 0
+    shape: tuple = ()
+    low: tuple = ()
+    high: tuple = ()
+
+
+@dataclass
+class EnvStep:
+    observation: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    valid: torch.Tensor
+
+    @property
+    def done(self) -> torch.Tensor:
+        return self.terminated | self.truncated
+
+
+class EpisodeStats:
+    """Per-env running return and length, and a ring of the last ``window`` finished episodes.
+
+    Reset steps (``valid`` False) add nothing. All bookkeeping is vectorized over envs.
+    """
+
+    def __init__(self, n_envs: int, window: int = 100):
+        self.running_return = torch.zeros(n_envs, dtype=torch.float64)
+        self.running_length = torch.zeros(n_envs, dtype=torch.int64)
+        self.returns = torch.zeros(window, dtype=torch.float64)
+        self.lengths = torch.zeros(window, dtype=torch.int64)
+        self.window = window
+        self.count = 0  # finished episodes so far
+
+    def update(self, reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor) -> None:
+        self.running_return += reward.double() * valid
+        self.running_length += valid
+        finished = done.nonzero().squeeze(1)
+        k = finished.numel()
+        if k:
+            slots = torch.arange(self.count, self.count + k) % self.window
+            self.returns[slots] = self.running_return[finished]
+            self.lengths[slots] = self.running_length[finished]
+            self.running_return[finished] = 0.0
+            self.running_length[finished] = 0
+            self.count += k
+
+    def recent(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns and lengths of the last ``min(count, window)`` finished episodes."""
+        n = min(self.count, self.window)
+        return self.returns[:n], self.lengths[:n]
+
+    def summary(self) -> dict:
+        returns, lengths = self.recent()
+        if returns.numel() == 0:
+            return {"episodes": self.count}
+        return {"episodes": self.count, "episode_return_mean": returns.mean().item(),
+                "episode_return_std": returns.std(unbiased=False).item(),
+                "episode_length_mean": lengths.double().mean().item()}
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.clone(), "lengths": self.lengths.clone(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns.copy_(state["returns"])
+        self.lengths.copy_(state["lengths"])
+        self.count = int(state["count"])
+
+
+@functools.lru_cache(maxsize=1)
+def envpool_ids() -> frozenset:
+    try:
+        import envpool
+    except ImportError:
+        return frozenset()
+    return frozenset(envpool.list_all_envs())
+
+
+@functools.lru_cache(maxsize=1)
+def gymnasium_ids() -> frozenset:
+    import gymnasium
+    return frozenset(gymnasium.registry.keys())
+
+
+def resolve_backend(env_id: str, backend: str = "auto") -> str:
+    """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids."""
+    in_envpool, in_gym = env_id in envpool_ids(), env_id in gymnasium_ids()
+    if backend == "envpool" and in_envpool or backend == "auto" and in_envpool:
+        return "envpool"
+    if backend in ("gymnasium", "auto") and in_gym:
+        return "gymnasium"
+    known = sorted(envpool_ids() | gymnasium_ids()) if backend == "auto" else sorted(
+        envpool_ids() if backend == "envpool" else gymnasium_ids())
+    close = difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+    hint = f"; closest valid ids: {', '.join(close)}" if close else "; run `python -c 'import envpool; print(envpool.list_all_envs())'` for the list"
+    where = "EnvPool or Gymnasium" if backend == "auto" else backend
+    raise UserError(f"unknown env id {env_id!r} for {where}{hint}")
+
+
+def _action_spec(space) -> ActionSpec:
+    import gymnasium
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return ActionSpec("discrete", n=int(space.n))
+    if isinstance(space, gymnasium.spaces.Box):
+        return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(np.asarray(space.low, np.float64).ravel().tolist()),
+                          high=tuple(np.asarray(space.high, np.float64).ravel().tolist()))
+    raise UserError(f"action space {space} is not supported; fastrl handles Discrete and Box actions")
+
+
+def _to_tensor(array: np.ndarray) -> torch.Tensor:
+    tensor = torch.from_numpy(np.asarray(array))
+    return tensor.float() if tensor.dtype == torch.float64 else tensor
+
+
+class BatchedEnv:
+    """``n_envs`` environments stepped as one batch. See the module docstring for the step contract."""
+
+    def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
+                 env_kwargs: dict | None = None):
+        self.env_id, self.n_envs = env_id, n_envs
+        self.backend = resolve_backend(env_id, backend)
+        env_kwargs = dict(env_kwargs or {})
+        if self.backend == "envpool":
+            import envpool
+            if num_threads:
+                env_kwargs["num_threads"] = num_threads
+            try:
+                self._env = envpool.make(env_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
+            obs_space, act_space = self._env.observation_space, self._env.action_space
+        else:
+            import gymnasium
+            fns = [functools.partial(gymnasium.make, env_id, **env_kwargs) for _ in range(n_envs)]
+            self._env = gymnasium.vector.AsyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
+            obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
+        self._seed = seed
+        self.observation_shape = tuple(obs_space.shape)
+        self.observation_dtype = torch.float32 if obs_space.dtype == np.float64 else torch.from_numpy(
+            np.zeros(0, dtype=obs_space.dtype)).dtype
+        self.action_spec = _action_spec(act_space)
+        self.stats = EpisodeStats(n_envs)
+        self._prev_done = torch.zeros(n_envs, dtype=torch.bool)
+        if self.action_spec.kind == "continuous":
+            self._low = torch.tensor(self.action_spec.low, dtype=torch.float32).view(self.action_spec.shape)
+            self._high = torch.tensor(self.action_spec.high, dtype=torch.float32).view(self.action_spec.shape)
+            self._np_action_dtype = np.float32 if self.backend == "envpool" else act_space.dtype
+        self._reset_once = False
+
+    def reset(self) -> torch.Tensor:
+        if self.backend == "envpool":
+            obs, _ = self._env.reset()
+        else:
+            obs, _ = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
+        self._prev_done.zero_()
+        self.stats.running_return.zero_()
+        self.stats.running_length.zero_()
+        return _to_tensor(obs)
+
+    def step(self, action: torch.Tensor) -> EnvStep:
+        """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
+        if self.action_spec.kind == "discrete":
+            act = action.numpy()
+        else:
+            act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
+        obs, reward, terminated, truncated, _ = self._env.step(act)
+        terminated = torch.from_numpy(np.asarray(terminated, dtype=bool))
+        truncated = torch.from_numpy(np.asarray(truncated, dtype=bool))
+        reward = torch.from_numpy(np.asarray(reward, dtype=np.float32))
+        valid = ~self._prev_done
+        done = terminated | truncated
+        self._prev_done = done
+        self.stats.update(reward, done, valid)
+        return EnvStep(_to_tensor(obs), reward, terminated, truncated, valid)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+class RunningMeanStd:
+    """Running mean and variance over the batch dimension (Chan et al. parallel update), float64."""
+
+    def __init__(self, shape=()):
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.var = torch.ones(shape, dtype=torch.float64)
+        self.count = torch.tensor(1e-4, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.double()
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), state["count"].clone()
+
+
+class NormalizedEnv:
+    """Running observation normalization and reward scaling around a BatchedEnv.
+
+    Rewards are divided by the running std of the discounted return (reset at episode ends).
+    ``training=False`` freezes the statistics and leaves rewards unscaled (evaluation).
+    Episode statistics stay those of the raw env.
+    """
+
+    def __init__(self, env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float,
+                 obs_clip: float = 10.0, reward_clip: float = 10.0, training: bool = True):
+        self.env, self.normalize_obs, self.normalize_reward = env, normalize_obs, normalize_reward
+        self.gamma, self.obs_clip, self.reward_clip, self.training = gamma, obs_clip, reward_clip, training
+        self.obs_rms = RunningMeanStd(env.observation_shape)
+        self.return_rms = RunningMeanStd(())
+        self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def _obs(self, obs: torch.Tensor) -> torch.Tensor:
+        if not self.normalize_obs:
+            return obs
+        if self.training:
+            self.obs_rms.update(obs)
+        scaled = (obs.double() - self.obs_rms.mean) / torch.sqrt(self.obs_rms.var + 1e-8)
+        return scaled.clamp_(-self.obs_clip, self.obs_clip).float()
+
+    def reset(self) -> torch.Tensor:
+        self.discounted_return.zero_()
+        return self._obs(self.env.reset())
+
+    def step(self, action: torch.Tensor) -> EnvStep:
+        out = self.env.step(action)
+        out.observation = self._obs(out.observation)
+        if self.normalize_reward and self.training:
+            self.discounted_return = self.discounted_return * self.gamma + out.reward.double()
+            self.return_rms.update(self.discounted_return[out.valid])
+            out.reward = (out.reward.double() / torch.sqrt(self.return_rms.var + 1e-8)).clamp_(
+                -self.reward_clip, self.reward_clip).float()
+            self.discounted_return[out.done] = 0.0
+        return out
+
+    def state_dict(self) -> dict:
+        return {"obs_rms": self.obs_rms.state_dict(), "return_rms": self.return_rms.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.obs_rms.load_state_dict(state["obs_rms"])
+        self.return_rms.load_state_dict(state["return_rms"])
+
+
+def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True) -> NormalizedEnv:
+    """Build the (normalized) batched env that ``cfg`` describes."""
+    env = BatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads)
+    return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.obs_clip, cfg.reward_clip, training)
+

@@ -1,0 +1,86 @@
+"""One ``log(metrics, step)`` over console progress, JSONL, TensorBoard and wandb (offline by default).
+
+Only the main process builds a real logger; other ranks get ``NullLogger``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from fastrl.config import UserError
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
+    return value
+
+
+class NullLogger:
+    def log(self, metrics: dict, step: int) -> None:
+        pass
+
+    def progress(self, step: int, postfix: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class RunLogger(NullLogger):
+    """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``."""
+
+    def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int = 0, tensorboard: bool = True,
+                 wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = ""):
+        self.run_dir = Path(run_dir)
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+        self._wandb = None
+        if wandb_mode != "disabled":
+            import wandb
+            os.environ.setdefault("WANDB_SILENT", "true")
+            self._wandb = wandb.init(mode=wandb_mode, project=wandb_project, dir=str(self.run_dir), config=config,
+                                     name=run_name or self.run_dir.name, reinit="finish_previous")
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+            self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, dynamic_ncols=True,
+                             file=sys.stderr, mininterval=0.5)
+
+    def log(self, metrics: dict, step: int) -> None:
+        record = {"global_step": int(step)}
+        record.update({k: _plain(v) for k, v in metrics.items()})
+        try:
+            self._jsonl.write(json.dumps(record) + "\n")
+        except OSError as e:
+            raise UserError(f"could not write metrics to {self.run_dir / 'metrics.jsonl'}: {e.strerror}; free disk space") from None
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "global_step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=int(step))
+
+    def progress(self, step: int, postfix: dict) -> None:
+        if self._bar is not None:
+            self._bar.n = step
+            self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
+                                  refresh=False)
+            self._bar.refresh()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish(quiet=True)

@@ -1,0 +1,107 @@
+"""PPO: advantages for a rollout, the clipped-surrogate loss for a minibatch, and the update.
+
+No env or file code here. Every mean is over ``valid`` samples: auto-reset steps never reach a
+loss, an advantage normalization or a statistic.
+"""
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+
+import kernels
+from fastrl.buffers import iterate_minibatches
+
+
+def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    return (x * valid).sum() / valid.sum().clamp(min=1)
+
+
+def compute_advantages(batch: TensorDict, gamma: float, lam: float) -> None:
+    """Fill ``advantage`` and ``value_target`` ``[T, N]`` in place with GAE.
+
+    ``next_value`` is V(observation that followed the step): truncated episodes bootstrap from their
+    final observation, terminated ones get no bootstrap, and ``done`` cuts the trace.
+    """
+    nxt = batch["next"]
+    advantage, value_target = kernels.gae(nxt["reward"], batch["state_value"], nxt["state_value"], nxt["done"],
+                                          nxt["terminated"], gamma, lam)
+    batch["advantage"].copy_(advantage)
+    batch["value_target"].copy_(value_target)
+
+
+def _ppo_loss_local(new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid, *, clip_coef,
+                    vf_coef, ent_coef, clip_vloss=True, normalize_advantage=True):
+    # TEMPORARY until kernels.ppo_loss lands
+    if normalize_advantage:
+        mean = masked_mean(advantage, valid)
+        std = masked_mean((advantage - mean).square(), valid).sqrt()
+        advantage = (advantage - mean) / (std + 1e-8)
+    log_ratio = new_logp - old_logp
+    ratio = log_ratio.exp()
+    pg = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1 - clip_coef, 1 + clip_coef))
+    if clip_vloss:
+        clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
+        v = 0.5 * torch.maximum((new_value - value_target).square(), (clipped - value_target).square())
+    else:
+        v = 0.5 * (new_value - value_target).square()
+    policy_loss, value_loss, ent = masked_mean(pg, valid), masked_mean(v, valid), masked_mean(entropy, valid)
+    loss = policy_loss + vf_coef * value_loss - ent_coef * ent
+    with torch.no_grad():
+        stats = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": ent,
+                 "approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
+                 "clipfrac": masked_mean(((ratio - 1).abs() > clip_coef).float(), valid)}
+    return loss, stats
+
+
+_ppo_loss = getattr(kernels, "ppo_loss", _ppo_loss_local)
+
+
+def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """1 - Var[target - value] / Var[target] over valid samples (NaN-free: 0-variance targets give 0)."""
+    var_target = masked_mean((target - masked_mean(target, valid)).square(), valid)
+    resid = target - value
+    var_resid = masked_mean((resid - masked_mean(resid, valid)).square(), valid)
+    return torch.where(var_target > 0, 1 - var_resid / var_target.clamp(min=1e-12), torch.zeros_like(var_target))
+
+
+def ppo_loss(agent, minibatch: TensorDict, cfg) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate + (optionally clipped) value loss - entropy bonus on one minibatch ``[B]``."""
+    valid = minibatch["valid"].float()
+    _, new_logp, entropy, new_value = agent.get_action_and_value(minibatch["observation"], minibatch["action"])
+    return _ppo_loss(new_logp, minibatch["sample_log_prob"], minibatch["advantage"], new_value,
+                            minibatch["state_value"], minibatch["value_target"], entropy, valid,
+                            clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
+                            clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv)
+
+
+def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
+               generator: torch.Generator | None = None, sync_grads=None) -> dict:
+    """``n_epochs`` x ``n_minibatches`` gradient steps on one rollout; returns 0-d tensor diagnostics.
+
+    Per minibatch: one forward/backward, ``sync_grads()`` (the cross-rank gradient average, when
+    distributed), a global grad-norm clip and an optimizer step; no host sync.
+    With ``target_kl`` > 0 the epoch loop stops early once approx_kl exceeds it (one sync per epoch).
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    totals: dict = {}
+    n_updates = 0
+    for _epoch in range(cfg.n_epochs):
+        for minibatch in iterate_minibatches(batch, cfg.n_minibatches, generator):
+            loss, stats = ppo_loss(agent, minibatch, cfg)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if sync_grads is not None:
+                sync_grads()
+            if cfg.max_grad_norm > 0:
+                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value.detach()
+            n_updates += 1
+        if cfg.target_kl > 0 and bool(stats["approx_kl"] > cfg.target_kl):
+            break
+    metrics = {f"losses/{k}": v / n_updates for k, v in totals.items()}
+    metrics["losses/explained_variance"] = explained_variance(batch["state_value"], batch["value_target"],
+                                                              batch["valid"].float())
+    metrics["losses/n_updates"] = torch.tensor(float(n_updates))
+    return metrics

@@ -1,0 +1,299 @@
+"""``python -m fastrl.train``: build from config, loop collect()/update(), log, checkpoint, evaluate.
+
+One file serves a single process and ``torchrun`` alike: it reads RANK/WORLD_SIZE, gates all I/O
+on rank 0 and averages gradients across ranks once per minibatch.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastrl import distributed
+from fastrl.buffers import make_rollout_buffer
+from fastrl.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fastrl.config import Config, UserError, make_config, parse_cli_overrides
+from fastrl.envs import make_env
+from fastrl.evaluate import evaluate
+from fastrl.logger import NullLogger, RunLogger
+from fastrl.models import make_agent
+from fastrl.ppo import compute_advantages, ppo_update
+
+
+def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
+    """Base seed of this rank's envs (env i gets base + i): distinct across ranks and runs."""
+    return (run_seed * 100_003 + rank * n_envs) % (2**31 - 1)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.env.replace('/', '_')}__{cfg.algo}__{cfg.seed}__{stamp}"
+
+
+class Timer:
+    """Named wall-clock sections, summed per log interval."""
+
+    def __init__(self):
+        self.totals: dict = {}
+
+    @contextmanager
+    def section(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict:
+        out, self.totals = {f"time/{k}_s": v for k, v in self.totals.items()}, {}
+        return out
+
+
+class Trainer:
+    """Owns the env, agent, optimizer and the ``[T, N]`` buffer. ``collect()`` then ``update()`` per iteration."""
+
+    def __init__(self, cfg: Config, dist_info: distributed.DistInfo | None = None, device: torch.device | None = None):
+        self.cfg = cfg
+        self.dist = dist_info or distributed.DistInfo()
+        self.device = device or distributed.resolve_device(cfg.device)
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        rank = self.dist.rank
+        random.seed(cfg.seed + rank)
+        np.random.seed((cfg.seed + rank) % 2**32)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.env = make_env(cfg, seed=env_seed(cfg.seed, rank, cfg.n_envs))
+        self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec).to(self.device)
+        distributed.broadcast_module_(self.agent)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.params = list(self.agent.parameters())
+        self.buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs, self.env.observation_shape,
+                                          self.env.observation_dtype, self.env.action_spec, self.device)
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(cfg.seed * 7919 + rank)
+        torch.manual_seed(cfg.seed * 31 + rank)  # per-rank action sampling
+        self.steps_per_iteration = cfg.n_envs * cfg.n_steps * self.dist.world_size
+        self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
+        self.iteration = 0
+        self.global_step = 0
+        self.timer = Timer()
+        self.next_obs = self.env.reset()
+        # Views on the buffer's storage, looked up once for the rollout loop.
+        buf = self.buffer
+        self._obs, self._action = buf["observation"], buf["action"]
+        self._logp, self._value, self._valid = buf["sample_log_prob"], buf["state_value"], buf["valid"]
+        nxt = buf["next"]
+        self._reward, self._done = nxt["reward"], nxt["done"]
+        self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
+
+    # ------------------------------------------------------------------ hot path
+    @torch.no_grad()
+    def collect(self) -> None:
+        """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
+        agent, env, device = self.agent, self.env, self.device
+        obs = self.next_obs
+        for t in range(self.cfg.n_steps):
+            with self.timer.section("policy"):
+                action, logp, _, value = agent.get_action_and_value(obs.to(device, non_blocking=True))
+                self._obs[t].copy_(obs)
+                self._action[t].copy_(action)
+                self._logp[t].copy_(logp)
+                self._value[t].copy_(value)
+                action_cpu = action.cpu()
+            with self.timer.section("env"):
+                step = env.step(action_cpu)
+            self._reward[t].copy_(step.reward)
+            self._terminated[t].copy_(step.terminated)
+            self._truncated[t].copy_(step.truncated)
+            self._done[t].copy_(step.done)
+            self._valid[t].copy_(step.valid)
+            obs = step.observation
+        with self.timer.section("policy"):
+            # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
+            self._next_value[:-1].copy_(self._value[1:])
+            self._next_value[-1].copy_(agent.get_value(obs.to(device, non_blocking=True)))
+        self.next_obs = obs
+        self.global_step += self.steps_per_iteration
+
+    def current_lr(self) -> float:
+        cfg = self.cfg
+        if not cfg.anneal_lr:
+            return cfg.lr
+        frac = 1.0 - self.iteration / self.n_iterations
+        return cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)
+
+    def update(self) -> dict:
+        """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.timer.section("update"):
+            batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
+            compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
+            sync = (lambda: distributed.all_reduce_grads_(self.params, self.dist.world_size)) if self.dist.enabled else None
+            metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync)
+        metrics["charts/learning_rate"] = lr
+        self.iteration += 1
+        return metrics
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "model": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "config": self.cfg.to_dict(),
+            "normalizer": self.env.state_dict(),
+            "episode_stats": self.env.stats.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "sample": self.sample_generator.get_state(),
+                    "python": list(random.getstate()[1]), "numpy": torch.from_numpy(np.random.get_state()[1].copy())},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.env.load_state_dict(state["normalizer"])
+        self.env.stats.load_state_dict(state["episode_stats"])
+        rng = state["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.sample_generator.set_state(rng["sample"])
+
+    def episode_summary(self) -> dict:
+        """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures."""
+        returns, lengths = self.env.stats.recent()
+        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item()], dtype=torch.float64)
+        if self.dist.enabled:
+            sums = sums.to(self.device) if self.device.type == "cuda" else sums
+            distributed.all_reduce_(sums)
+            sums = sums.cpu()
+        total, count, length_total = sums.tolist()
+        if count == 0:
+            return {}
+        return {"episode_return_mean": total / count, "episode_length_mean": length_total / count}
+
+
+def _install_stop_handlers(flag: dict) -> None:
+    def handler(signum, _frame):
+        flag["stop"] = signum
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[Config, dict | None]:
+    """Parse flags. With ``--resume`` the checkpoint's config is the base and only explicit flags override it."""
+    overrides, yaml_path = parse_cli_overrides(argv, prog)
+    if not overrides.get("resume"):
+        return make_config(overrides, yaml_path, where="command-line flags"), None
+    state = load_checkpoint(overrides["resume"])
+    base = make_config(state["config"], where=f"checkpoint {overrides['resume']}").to_dict()
+    if yaml_path:
+        base.update(make_config({}, yaml_path).to_dict())
+    return make_config({**base, **overrides}, where="command-line flags"), state
+
+
+def run(cfg: Config, resume_state: dict | None = None) -> dict:
+    """Train ``cfg`` to its end (or a stop signal) and return the summary."""
+    dist_info, device = distributed.setup(cfg.device)
+    try:
+        return _run(cfg, resume_state, dist_info, device)
+    finally:
+        distributed.cleanup()
+
+
+def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo, device: torch.device) -> dict:
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else (
+        _resume_run_dir(cfg.resume) if cfg.resume else default_run_dir(cfg))
+    trainer = Trainer(cfg, dist_info, device)
+    if resume_state is not None:
+        trainer.load_state_dict(resume_state)
+    logger = NullLogger()
+    if dist_info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
+        logger = RunLogger(run_dir, cfg.to_dict(), trainer.n_iterations * trainer.steps_per_iteration, trainer.global_step,
+                           cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.progress)
+    stop = {"stop": None}
+    _install_stop_handlers(stop)
+    start_time = time.perf_counter()
+    start_step = trainer.global_step
+    last_log_time, last_log_step = start_time, trainer.global_step
+    recent = {}
+    try:
+        while trainer.iteration < trainer.n_iterations and stop["stop"] is None:
+            with trainer.timer.section("collect"):
+                trainer.collect()
+            metrics = trainer.update()
+            if trainer.iteration % cfg.log_interval == 0 or trainer.iteration == trainer.n_iterations:
+                now = time.perf_counter()
+                recent = trainer.episode_summary()
+                sps = (trainer.global_step - last_log_step) / max(now - last_log_time, 1e-9)
+                last_log_time, last_log_step = now, trainer.global_step
+                record = {"sps": sps, "charts/SPS": sps, **recent,
+                          **{k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()},
+                          **trainer.timer.pop()}
+                if "episode_return_mean" in recent:
+                    record["charts/episodic_return"] = recent["episode_return_mean"]
+                logger.log(record, trainer.global_step)
+                logger.progress(trainer.global_step, {"sps": int(sps), "return": recent.get("episode_return_mean", float("nan"))})
+                if cfg.stop_at_return and recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
+                    break
+            if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
+                save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), cfg.keep_checkpoints)
+        wall_time = time.perf_counter() - start_time
+        summary = {"total_steps": trainer.global_step, "wall_time_s": wall_time,
+                   "sps": (trainer.global_step - start_step) / max(wall_time, 1e-9),
+                   "episode_return_mean": trainer.episode_summary().get("episode_return_mean"),
+                   "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None}
+        if dist_info.is_main:
+            save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), cfg.keep_checkpoints)
+            if cfg.eval_episodes and stop["stop"] is None:
+                eval_returns = evaluate(trainer.agent, cfg, trainer.env.state_dict(), cfg.eval_episodes, cfg.eval_seeds, device)
+                summary["eval_return_mean"] = eval_returns.mean().item()
+                summary["eval_return_std"] = eval_returns.std(unbiased=False).item()
+            else:
+                summary["eval_return_mean"] = None
+            summary["run_dir"] = str(run_dir)
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        logger.close()
+        trainer.env.close()
+
+
+def _resume_run_dir(target: str) -> Path:
+    path = Path(target)
+    if path.is_file():
+        return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+    return path
+
+
+def _yaml(data: dict) -> str:
+    import yaml
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
+    try:
+        cfg, resume_state = config_from_cli(argv, prog=prog)
+        summary = run(cfg, resume_state)
+    except UserError as e:
+        print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
+        return 2
+    if summary.get("run_dir"):
+        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
+        print(json.dumps(shown))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

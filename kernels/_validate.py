@@ -1,0 +1,59 @@
+"""Argument checks shared by every kernel: one clear ``ValueError`` that names the argument."""
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+FLAG_DTYPES = (torch.bool, torch.uint8) + FLOAT_DTYPES
+
+
+def check_tensors(op, tensors, float_names, flag_names=()):
+    """Check that every named tensor has one shape ``[T, *B]`` (T >= 1), one device and a supported dtype.
+
+    ``tensors`` is an ordered dict-like ``{name: tensor}``; the first entry sets the expected shape and device.
+    Returns ``(shape, device)``.
+    """
+    first_name, first = None, None
+    for name, x in tensors.items():
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{op}: `{name}` must be a torch.Tensor, got {type(x).__name__}")
+        if first is None:
+            first_name, first = name, x
+            if x.dim() < 1 or x.shape[0] < 1:
+                raise ValueError(
+                    f"{op}: `{name}` has shape {tuple(x.shape)}; expected time-major [T, *B] with T >= 1"
+                )
+            continue
+        if x.shape != first.shape:
+            raise ValueError(
+                f"{op}: `{name}` has shape {tuple(x.shape)} but `{first_name}` has {tuple(first.shape)}; "
+                "all inputs must share one time-major shape [T, *B]"
+            )
+        if x.device != first.device:
+            raise ValueError(
+                f"{op}: `{name}` is on {x.device} but `{first_name}` is on {first.device}; "
+                "move all inputs to one device"
+            )
+    for name in float_names:
+        dt = tensors[name].dtype
+        if dt not in FLOAT_DTYPES:
+            raise ValueError(f"{op}: `{name}` has dtype {dt}; expected float32, bfloat16 or float16")
+    for name in flag_names:
+        dt = tensors[name].dtype
+        if dt not in FLAG_DTYPES:
+            raise ValueError(f"{op}: `{name}` has dtype {dt}; expected bool or 0/1 floats")
+    return first.shape, first.device
+
+
+def scalar(op, name, x):
+    """A Python float or a 0-d tensor, as a Python float (a 0-d CUDA tensor costs one sync)."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{op}: `{name}` must be a Python float or a 0-d tensor, got shape {tuple(x.shape)}")
+        return float(x)
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    raise ValueError(f"{op}: `{name}` must be a Python float or a 0-d tensor, got {type(x).__name__}")
+
+
+def check_backend(op, backend, choices):
+    if backend not in choices:
+        raise ValueError(f"{op}: `backend` must be one of {choices}, got {backend!r}")
