@@ -35,3 +35,22 @@ def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: in
         env.close()
         results.append(episode_return)
     return torch.cat(results)
+
+
+def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu"):
+    """Load a checkpoint (file or run dir) and evaluate it. Returns ``(returns [seeds * episodes], config)``."""
+    from fastrl.checkpoint import load_checkpoint
+    from fastrl.config import make_config
+    from fastrl.distributed import resolve_device
+    from fastrl.envs import make_env
+    from fastrl.models import make_agent
+
+    state = load_checkpoint(target)
+    cfg = make_config(state["config"], where=f"checkpoint {target}")
+    dev = resolve_device(device)
+    probe = make_env(cfg, n_envs=1, training=False)
+    agent = make_agent(cfg, probe.observation_shape, probe.action_spec)
+    probe.close()
+    agent.load_state_dict(state["model"])
+    agent.to(dev).eval()
+    return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev), cfg

@@ -29,33 +29,6 @@ def compute_advantages(batch: TensorDict, gamma: float, lam: float) -> None:
     batch["value_target"].copy_(value_target)
 
 
-def _ppo_loss_local(new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid, *, clip_coef,
-                    vf_coef, ent_coef, clip_vloss=True, normalize_advantage=True):
-    # TEMPORARY until kernels.ppo_loss lands
-    if normalize_advantage:
-        mean = masked_mean(advantage, valid)
-        std = masked_mean((advantage - mean).square(), valid).sqrt()
-        advantage = (advantage - mean) / (std + 1e-8)
-    log_ratio = new_logp - old_logp
-    ratio = log_ratio.exp()
-    pg = torch.maximum(-advantage * ratio, -advantage * ratio.clamp(1 - clip_coef, 1 + clip_coef))
-    if clip_vloss:
-        clipped = old_value + (new_value - old_value).clamp(-clip_coef, clip_coef)
-        v = 0.5 * torch.maximum((new_value - value_target).square(), (clipped - value_target).square())
-    else:
-        v = 0.5 * (new_value - value_target).square()
-    policy_loss, value_loss, ent = masked_mean(pg, valid), masked_mean(v, valid), masked_mean(entropy, valid)
-    loss = policy_loss + vf_coef * value_loss - ent_coef * ent
-    with torch.no_grad():
-        stats = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": ent,
-                 "approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
-                 "clipfrac": masked_mean(((ratio - 1).abs() > clip_coef).float(), valid)}
-    return loss, stats
-
-
-_ppo_loss = getattr(kernels, "ppo_loss", _ppo_loss_local)
-
-
 def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """1 - Var[target - value] / Var[target] over valid samples (NaN-free: 0-variance targets give 0)."""
     var_target = masked_mean((target - masked_mean(target, valid)).square(), valid)
@@ -66,10 +39,9 @@ def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.T
 
 def ppo_loss(agent, minibatch: TensorDict, cfg) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate + (optionally clipped) value loss - entropy bonus on one minibatch ``[B]``."""
-    valid = minibatch["valid"].float()
     _, new_logp, entropy, new_value = agent.get_action_and_value(minibatch["observation"], minibatch["action"])
-    return _ppo_loss(new_logp, minibatch["sample_log_prob"], minibatch["advantage"], new_value,
-                            minibatch["state_value"], minibatch["value_target"], entropy, valid,
+    return kernels.ppo_loss(new_logp, minibatch["sample_log_prob"], minibatch["advantage"], new_value,
+                            minibatch["state_value"], minibatch["value_target"], entropy, minibatch["valid"],
                             clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                             clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv)
 

@@ -1,4 +1,21 @@
-"""Fused advantage and loss kernels (time-major). Depends only on torch (and triton when present)."""
-from kernels.gae import gae, gae_reference
+"""Fused advantage and loss kernels over time-major tensors. Depends only on torch (and triton when present).
 
-__all__ = ["gae", "gae_reference"]
+    import kernels
+    adv, value_target = kernels.gae(reward, value, next_value, done, terminated, gamma, lam)
+    vs, pg_advantage = kernels.vtrace(behavior_logp, target_logp, reward, value, next_value,
+                                      done, terminated, gamma, rho_bar=1.0, c_bar=1.0, lam=1.0)
+    loss, stats = kernels.ppo_loss(new_logp, old_logp, advantage, new_value, old_value, value_target,
+                                   entropy, valid, clip_coef, vf_coef, ent_coef)
+    loss, stats = kernels.pg_loss(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_coef)
+
+Each public function dispatches by device (Triton on CUDA, a C kernel on CPU) and has a plain-loop twin
+``*_reference`` that the tests compare against.
+"""
+from kernels.gae import gae, gae_reference
+from kernels.losses import pg_loss, pg_loss_reference, ppo_loss, ppo_loss_reference
+from kernels.vtrace import vtrace, vtrace_reference
+
+__all__ = [
+    "gae", "gae_reference", "vtrace", "vtrace_reference",
+    "ppo_loss", "ppo_loss_reference", "pg_loss", "pg_loss_reference",
+]

@@ -22,8 +22,9 @@ _FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-
 _lock = threading.Lock()
 _state = {"lib": None, "tried": False}
 
-# The thread pool is only worth waking for inputs larger than this many elements.
-PARALLEL_MIN_NUMEL = 1 << 16
+# Threads only pay off for large inputs; on a busy machine a small parallel region waits on a descheduled
+# thread for a whole time slice.
+PARALLEL_MIN_NUMEL = 1 << 20
 
 _I64, _F32, _INT, _P = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
@@ -116,6 +117,10 @@ def _prepare(values, flags, T, M):
     return rows, args, f"{_VALUE_CODES[vdt]}_{_FLAG_CODES[fdt]}"
 
 
+def _empty_outputs(shape, n, lib_):
+    return [torch.empty(shape, dtype=torch.float32) for _ in range(n)]
+
+
 def _threads(T, M):
     return torch.get_num_threads() if T * M >= PARALLEL_MIN_NUMEL else 1
 
@@ -124,12 +129,12 @@ def gae(reward, value, next_value, done, terminated, gamma, lam):
     """C GAE on CPU tensors. Returns float32 ``(adv, value_target)`` shaped like ``reward``."""
     T = reward.shape[0]
     M = reward.numel() // T
-    adv = torch.empty(reward.shape, dtype=torch.float32)
-    target = torch.empty(reward.shape, dtype=torch.float32)
+    lib_ = lib()
+    adv, target = _empty_outputs(reward.shape, 2, lib_)
     if M == 0:
         return adv, target
     rows, args, code = _prepare([reward, value, next_value], [done, terminated], T, M)
-    getattr(lib(), f"gae_{code}")(T, M, *args, gamma, lam, adv.data_ptr(), target.data_ptr(), _threads(T, M))
+    getattr(lib_, f"gae_{code}")(T, M, *args, gamma, lam, adv.data_ptr(), target.data_ptr(), _threads(T, M))
     return adv, target
 
 
@@ -137,14 +142,14 @@ def vtrace(behavior_logp, target_logp, reward, value, next_value, done, terminat
     """C V-trace on CPU tensors. Returns float32 ``(vs, pg_advantage)`` shaped like ``reward``."""
     T = reward.shape[0]
     M = reward.numel() // T
-    vs = torch.empty(reward.shape, dtype=torch.float32)
-    pg_adv = torch.empty(reward.shape, dtype=torch.float32)
+    lib_ = lib()
+    vs, pg_adv = _empty_outputs(reward.shape, 2, lib_)
     if M == 0:
         return vs, pg_adv
     rows, args, code = _prepare(
         [behavior_logp, target_logp, reward, value, next_value], [done, terminated], T, M
     )
-    getattr(lib(), f"vtrace_{code}")(
+    getattr(lib_, f"vtrace_{code}")(
         T, M, *args, gamma, rho_bar, c_bar, lam, vs.data_ptr(), pg_adv.data_ptr(), _threads(T, M)
     )
     return vs, pg_adv

@@ -136,3 +136,4 @@ void vtrace_##VN##_##FN(int64_t T, int64_t M,                                   
 DEFINE_ALL(f32, float)
 DEFINE_ALL(bf16, bf16_t)
 DEFINE_ALL(f16, f16_t)
+

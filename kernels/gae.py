@@ -1,12 +1,30 @@
-"""Generalized advantage estimation over time-major tensors ``[T, *B]``."""
+"""Generalized advantage estimation over time-major tensors ``[T, *B]``.
+
+    delta_t = r_t + gamma * (1 - terminated_t) * next_value_t - value_t
+    A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1},   A_T = 0
+    value_target = A + value
+
+``next_value[t]`` is V(s_{t+1}), the value of the observation that followed step t (the final
+observation when the episode was truncated). ``done = terminated | truncated`` cuts the recursion;
+only ``terminated`` stops bootstrapping. Same semantics as TorchRL's ``generalized_advantage_estimate``.
+"""
 import torch
+
+from kernels import _backend
+from kernels._validate import check_backend, check_tensors, scalar
+
+_OP = "kernels.gae"
 
 
 def gae_reference(reward, value, next_value, done, terminated, gamma, lam):
-    """Plain loop twin. Returns ``(advantage, value_target)`` in float32, shape ``[T, *B]``."""
-    reward, value, next_value = (x.float() for x in (reward, value, next_value))
-    not_done = 1.0 - done.float()
-    not_term = 1.0 - terminated.float()
+    """Plain loop twin. Float64 inputs are computed in float64, everything else in float32.
+
+    Returns ``(advantage, value_target)`` shaped ``[T, *B]``.
+    """
+    dtype = torch.float64 if torch.float64 in (reward.dtype, value.dtype, next_value.dtype) else torch.float32
+    reward, value, next_value = (x.to(dtype) for x in (reward, value, next_value))
+    not_done = 1.0 - done.to(dtype)
+    not_term = 1.0 - terminated.to(dtype)
     adv = torch.zeros_like(reward)
     last = torch.zeros_like(reward[0])
     for t in range(reward.shape[0] - 1, -1, -1):
@@ -16,4 +34,55 @@ def gae_reference(reward, value, next_value, done, terminated, gamma, lam):
     return adv, adv + value
 
 
-gae = gae_reference
+def _run(backend, reward, value, next_value, done, terminated, gamma, lam):
+    if backend == "cpu":
+        from kernels import _cpu
+
+        return _cpu.gae(reward, value, next_value, done, terminated, gamma, lam)
+    if backend == "triton":
+        return _backend.triton_module().gae(reward, value, next_value, done, terminated, gamma, lam)
+    adv, target = gae_reference(reward, value, next_value, done, terminated, gamma, lam)
+    return adv.float(), target.float()
+
+
+@torch.library.custom_op("fastrl_kernels::gae", mutates_args=())
+def _gae_op(
+    reward: torch.Tensor,
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    backend = _backend.resolve(_OP, None, reward.device)
+    return _run(backend, reward, value, next_value, done, terminated, gamma, lam)
+
+
+@_gae_op.register_fake
+def _(reward, value, next_value, done, terminated, gamma, lam):
+    return torch.empty_like(reward, dtype=torch.float32), torch.empty_like(reward, dtype=torch.float32)
+
+
+def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None):
+    """Advantages and value targets by GAE (see the module docstring for the recursion).
+
+    Args:
+        reward, value, next_value: float32/bfloat16/float16 ``[T, *B]`` (time first, any batch dims).
+        done, terminated: bool or 0/1 float ``[T, *B]``; ``done`` = terminated or truncated.
+        gamma, lam: Python floats or 0-d tensors.
+        backend: None picks Triton for CUDA tensors and the C kernel for CPU tensors. "reference",
+            "torch", "cpu" or "triton" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
+
+    Returns:
+        ``(advantage, value_target)``, float32 ``[T, *B]``, not differentiable. Inside ``torch.compile``
+        this is the registered op ``torch.ops.fastrl_kernels.gae`` (no graph break).
+    """
+    check_backend(_OP, backend, _backend.BACKENDS)
+    tensors = dict(reward=reward, value=value, next_value=next_value, done=done, terminated=terminated)
+    _, device = check_tensors(_OP, tensors, ("reward", "value", "next_value"), ("done", "terminated"))
+    gamma, lam = scalar(_OP, "gamma", gamma), scalar(_OP, "lam", lam)
+    args = [x.detach() for x in tensors.values()]
+    if backend is None and _backend.compiling():
+        return _gae_op(*args, gamma, lam)
+    return _run(_backend.resolve(_OP, backend, device), *args, gamma, lam)

@@ -1,0 +1,71 @@
+"""The ``fastrl`` console script: ``fastrl train|eval|bench``."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fastrl.config import UserError
+
+USAGE = """usage: fastrl {train,eval,bench} ...
+
+  fastrl train [--config FILE] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
+  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV]              deterministic evaluation
+  fastrl bench [PART ...] [--quick]                                       run benchmarks (see fastrl bench --help)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(message)
+
+
+def eval_main(argv: list[str]) -> int:
+    parser = _Parser(prog="fastrl eval", description="Evaluate a checkpoint's deterministic policy on fresh envs.")
+    parser.add_argument("checkpoint", help="checkpoint file or run directory (its newest checkpoint)")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes per seed (default 10)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of eval seeds (default 3)")
+    parser.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    try:
+        args = parser.parse_args(argv)
+        if args.episodes <= 0 or args.seeds <= 0:
+            raise UserError("--episodes and --seeds must be positive")
+        from fastrl.evaluate import evaluate_checkpoint
+        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device)
+    except UserError as e:
+        print(f"fastrl eval: error: {e}", file=sys.stderr)
+        return 2
+    mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+    if args.json:
+        print(json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
+                          "returns": returns.tolist()}))
+    else:
+        print(f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes")
+    return 0
+
+
+def bench_main(argv: list[str]) -> int:
+    from benchmarks.run import main as run_benchmarks
+    return run_benchmarks(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from fastrl.train import main as train_main
+        return train_main(rest, prog="fastrl train")
+    if command == "eval":
+        return eval_main(rest)
+    if command == "bench":
+        return bench_main(rest)
+    print(f"fastrl: error: unknown command {command!r}; use train, eval or bench", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
