@@ -25,7 +25,12 @@ def _f(default, help: str, choices=None):
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
-ALGOS = ("ppo", "a2c")
+ALGOS = ("ppo", "a2c", "impala", "appo")
+# Per-algorithm defaults, applied under the YAML file and the flags (an A2C run needs no config file).
+ALGO_DEFAULTS = {
+    "a2c": dict(n_steps=5, lr=7e-4, lr_floor=1e-5, anneal_lr=True, gamma=0.99, gae_lambda=1.0, ent_coef=0.01,
+                vf_coef=0.5, max_grad_norm=0.5, n_epochs=1, n_minibatches=1, norm_adv=False, clip_vloss=False),
+}
 
 
 @dataclass
@@ -38,7 +43,7 @@ class Config:
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
     run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>)")
-    torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = leave torch's default)")
+    torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = auto: 1, as the env workers share the cores)")
     deterministic: bool = _f(False, "use deterministic torch algorithms (slower)")
     # --- environment ---
     env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium", ("auto", "envpool", "gymnasium"))
@@ -47,17 +52,31 @@ class Config:
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     obs_clip: float = _f(10.0, "clip normalized observations to [-obs_clip, obs_clip]")
     reward_clip: float = _f(10.0, "clip scaled rewards to [-reward_clip, reward_clip]")
+    frame_skip: int = _f(4, "Atari: emulator frames per agent step (max-pooled over the last two)")
+    frame_stack: int = _f(4, "Atari: stacked 84x84 grayscale frames per observation")
+    noop_max: int = _f(30, "Atari: at most this many no-op actions at the start of each game")
+    episodic_life: bool = _f(True, "Atari: a life loss ends the training episode (statistics still follow the whole game)")
+    clip_atari_reward: bool = _f(True, "Atari: train on sign(reward) (statistics still report the real score)")
     # --- model ---
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the MLP trunk(s)")
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
+    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors, minigrid_cnn for small grids, nature_cnn for frames)",
+                      ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn"))
+    amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
+                  ("off", "bf16", "fp16"))
+    compile: str = _f("auto", "torch.compile the rollout forward and the loss: auto (default on CUDA, off on CPU), off, "
+                      "default, max-autotune", ("auto", "off", "default", "max-autotune"))
     # --- optimisation (shared by the algorithms) ---
     n_steps: int = _f(128, "rollout length T per env per iteration")
     lr: float = _f(2.5e-4, "learning rate")
     anneal_lr: bool = _f(True, "anneal the learning rate linearly to lr_floor")
     lr_floor: float = _f(1e-5, "final learning rate of the linear schedule")
     adam_eps: float = _f(1e-5, "Adam epsilon")
+    optimizer: str = _f("auto", "optimizer: auto (Adam for PPO, RMSprop for A2C), adam, rmsprop", ("auto", "adam", "rmsprop"))
+    rmsprop_alpha: float = _f(0.99, "RMSprop smoothing constant")
+    rmsprop_eps: float = _f(1e-5, "RMSprop epsilon")
     gamma: float = _f(0.99, "discount factor")
     gae_lambda: float = _f(0.95, "GAE lambda")
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
@@ -70,6 +89,15 @@ class Config:
     clip_vloss: bool = _f(True, "clip the value loss around the old value")
     norm_adv: bool = _f(True, "normalize advantages per minibatch")
     target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")
+    # --- IMPALA / APPO (asynchronous actor-learner; n_envs and n_steps are per actor and per rollout) ---
+    n_actors: int = _f(2, "impala/appo: actor processes, each with its own n_envs environments")
+    n_slots: int = _f(8, "impala/appo: shared-memory rollout slots [n_steps, n_envs] in the ring (split evenly among actors)")
+    learner_batch: int = _f(1, "impala/appo: rollouts (slots) the learner stacks into one update batch")
+    sync_interval: int = _f(0, "impala/appo: learner updates between weight publications to actors (0 = auto: about every 10k env steps, at most max_policy_lag/2)")
+    max_policy_lag: int = _f(50, "impala/appo: drop rollouts whose policy is more than this many updates old (0 keeps all)")
+    rho_bar: float = _f(1.0, "impala/appo: V-trace clip of the importance weight rho")
+    c_bar: float = _f(1.0, "impala/appo: V-trace clip of the trace coefficient c")
+    vtrace_lambda: float = _f(1.0, "impala/appo: V-trace lambda (1 = the IMPALA paper)")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
     progress: bool = _f(True, "show a progress bar")
@@ -117,9 +145,40 @@ class Config:
             raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
+        if self.algo == "a2c" and (self.n_epochs != 1 or self.n_minibatches != 1):
+            raise UserError(f"a2c makes one update per rollout; set n_epochs=1 and n_minibatches=1 "
+                            f"(got {self.n_epochs} and {self.n_minibatches})")
+        if self.frame_skip <= 0 or self.frame_stack <= 0 or self.noop_max < 0:
+            raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
         if self.lr_floor > self.lr:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
+        if self.algo in ("impala", "appo"):
+            self._validate_actor_learner()
         return self
+
+    def _validate_actor_learner(self) -> None:
+        for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("sync_interval", "max_policy_lag"):
+            if getattr(self, name) < 0:
+                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.vtrace_lambda <= 1.0:
+            raise UserError(f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda}")
+        if self.n_slots % self.n_actors:
+            raise UserError(f"n_slots={self.n_slots} is not divisible by n_actors={self.n_actors}; "
+                            "each actor owns n_slots/n_actors slots (2 or more keeps it busy)")
+        if self.learner_batch > self.n_slots:
+            raise UserError(f"learner_batch={self.learner_batch} exceeds n_slots={self.n_slots}; raise n_slots")
+        if self.algo == "impala" and (self.n_envs * self.learner_batch) % self.n_minibatches:
+            raise UserError(f"impala splits a batch's n_envs*learner_batch={self.n_envs * self.learner_batch} env columns "
+                            f"into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it (1 = the paper)")
+        if self.max_policy_lag and self.sync_interval >= self.max_policy_lag:
+            raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
+                            "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")
+        if self.normalize_obs or self.normalize_reward:
+            raise UserError(f"{self.algo} does not support normalize_obs/normalize_reward yet (each actor would keep "
+                            "its own statistics); set both to false")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -202,6 +261,8 @@ def make_config(overrides: dict | None = None, yaml_path: str | None = None, whe
         if key not in FIELDS:
             raise _unknown_key(key, where)
         values[key] = _coerce(key, value)
+    algo = values.get("algo", Config.algo)
+    values = {**ALGO_DEFAULTS.get(algo, {}), **values}
     return Config(**values).validate()
 
 

@@ -4,8 +4,10 @@ A plain ``python -m fastrl.train`` runs as a world of one with no process group.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -46,7 +48,17 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
     if info.enabled and not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # Key this attempt's rendezvous by torchrun's restart count: after a --max-restarts restart a
+            # fast rank could otherwise read a dead rank's address left in the agent's store.
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), info.world_size,
+                                 is_master=False, timeout=timedelta(minutes=10))
+            store = dist.PrefixStore(f"/fastrl/attempt_{attempt}", base)
+            dist.init_process_group(backend, store=store, rank=info.rank, world_size=info.world_size)
+        else:
+            dist.init_process_group(backend)
     return info, device
 
 
@@ -78,3 +90,29 @@ def all_reduce_grads_(params: list, world_size: int) -> None:
     flat /= world_size
     for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
         grad.copy_(synced)
+
+
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s picklable ``obj`` on every rank (identity without a process group)."""
+    if not dist.is_initialized():
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src)
+    return holder[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def parameter_hash(module: torch.nn.Module) -> str:
+    """SHA-256 of all parameters' bytes: equal across ranks iff the parameters are bitwise identical."""
+    digest = hashlib.sha256()
+    for tensor in module.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

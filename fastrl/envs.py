@@ -9,6 +9,13 @@ Conventions shared by both backends:
 - The observation returned on the step that ends an episode is the episode's real final observation,
   so a truncated episode can be bootstrapped from it.
 - Env i of a batch built with ``seed`` is seeded ``seed + i``.
+
+Pixel tasks (EnvPool): Atari ``*-v5`` observations are uint8 ``[N, frame_stack, 84, 84]`` (grayscale, frame
+skip, no-op starts, optional episodic life and reward clipping, all in C++). With episodic life a lost life is a
+``terminated`` step for training, but ``stats`` follow the real game: the unclipped reward summed over all lives,
+closed only at game over (or truncation). MiniGrid observations are the uint8 egocentric grid ``[N, 3, 7, 7]``
+(object, colour, state codes). ``obs_scale`` is the factor a model applies to turn raw observations into floats
+of order 1 (frames stay uint8 until then).
 """
 from __future__ import annotations
 
@@ -103,6 +110,21 @@ def envpool_ids() -> frozenset:
     return frozenset(envpool.list_all_envs())
 
 
+@functools.lru_cache(maxsize=None)
+def is_atari(env_id: str) -> bool:
+    """An EnvPool Atari id (its spec has the Atari preprocessing options)."""
+    if env_id not in envpool_ids():
+        return False
+    import envpool
+    return hasattr(envpool.make_spec(env_id).config, "episodic_life")
+
+
+def atari_kwargs(cfg, training: bool = True) -> dict:
+    """EnvPool Atari options from ``cfg``. Evaluation (``training=False``) plays whole, unclipped games."""
+    return dict(frame_skip=cfg.frame_skip, stack_num=cfg.frame_stack, noop_max=cfg.noop_max,
+                episodic_life=cfg.episodic_life and training, reward_clip=cfg.clip_atari_reward and training)
+
+
 @functools.lru_cache(maxsize=1)
 def gymnasium_ids() -> frozenset:
     import gymnasium
@@ -162,7 +184,21 @@ class BatchedEnv:
             self._env = gymnasium.vector.AsyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
-        self.observation_shape = tuple(obs_space.shape)
+        # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
+        self._image_key = None
+        if hasattr(obs_space, "spaces") and "image" in obs_space.spaces:
+            self._image_key = "image"
+            height, width, channels = obs_space.spaces["image"].shape
+            obs_space = obs_space.spaces["image"]
+        self.observation_shape = (channels, height, width) if self._image_key else tuple(obs_space.shape)
+        # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
+        self._game_stats = self.backend == "envpool" and is_atari(env_id)
+        if self._image_key:
+            self.obs_scale = 0.1  # codes: objects < 11, colours < 6, states < 3
+        elif obs_space.dtype == np.uint8:
+            self.obs_scale = 1.0 / 255.0
+        else:
+            self.obs_scale = 1.0
         self.observation_dtype = torch.float32 if obs_space.dtype == np.float64 else torch.from_numpy(
             np.zeros(0, dtype=obs_space.dtype)).dtype
         self.action_spec = _action_spec(act_space)
@@ -174,6 +210,11 @@ class BatchedEnv:
             self._np_action_dtype = np.float32 if self.backend == "envpool" else act_space.dtype
         self._reset_once = False
 
+    def _obs(self, obs) -> torch.Tensor:
+        if self._image_key is None:
+            return _to_tensor(obs)
+        return torch.from_numpy(obs[self._image_key]).permute(0, 3, 1, 2)  # a view; the buffer write copies
+
     def reset(self) -> torch.Tensor:
         if self.backend == "envpool":
             obs, _ = self._env.reset()
@@ -182,7 +223,7 @@ class BatchedEnv:
         self._prev_done.zero_()
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
-        return _to_tensor(obs)
+        return self._obs(obs)
 
     def step(self, action: torch.Tensor) -> EnvStep:
         """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
@@ -190,15 +231,19 @@ class BatchedEnv:
             act = action.numpy()
         else:
             act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
-        obs, reward, terminated, truncated, _ = self._env.step(act)
+        obs, reward, terminated, truncated, info = self._env.step(act)
         terminated = torch.from_numpy(np.asarray(terminated, dtype=bool))
         truncated = torch.from_numpy(np.asarray(truncated, dtype=bool))
         reward = torch.from_numpy(np.asarray(reward, dtype=np.float32))
         valid = ~self._prev_done
         done = terminated | truncated
         self._prev_done = done
-        self.stats.update(reward, done, valid)
-        return EnvStep(_to_tensor(obs), reward, terminated, truncated, valid)
+        if self._game_stats:
+            game_over = torch.from_numpy(info["terminated"].astype(bool)) | truncated
+            self.stats.update(torch.from_numpy(info["reward"]), game_over, valid)
+        else:
+            self.stats.update(reward, done, valid)
+        return EnvStep(self._obs(obs), reward, terminated, truncated, valid)
 
     def close(self) -> None:
         self._env.close()
@@ -280,6 +325,8 @@ class NormalizedEnv:
 
 def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True) -> NormalizedEnv:
     """Build the (normalized) batched env that ``cfg`` describes."""
-    env = BatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads)
+    kwargs = atari_kwargs(cfg, training) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else None
+    env = BatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
+                     env_kwargs=kwargs)
     return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.obs_clip, cfg.reward_clip, training)
 

@@ -3,6 +3,11 @@
 API (CleanRL's): ``get_value(obs) -> [B]`` and
 ``get_action_and_value(obs, action=None) -> (action, logp [B], entropy [B], value [B])``.
 Discrete actions are int64 ``[B]``; continuous actions are float32 ``[B, *action_shape]``.
+
+Encoders: an MLP for flat observations (``ActorCritic``), and for images a shared convolutional trunk
+(``PixelActorCritic``): ``NatureCNN`` (Atari), ``ImpalaResNet`` and ``MiniGridCNN`` (7x7 grids). Image
+observations arrive in their native dtype (uint8 frames) and become floats, times ``obs_scale``, only inside
+the model.
 """
 from __future__ import annotations
 
@@ -109,5 +114,154 @@ class ActorCritic(nn.Module):
         return out.float().view(-1, *self.action_spec.shape)
 
 
-def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec) -> ActorCritic:
-    return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std)
+
+
+# ---------------------------------------------------------------------------------------------- pixel encoders
+class NatureCNN(nn.Module):
+    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, then a 512 fc; ReLU. ``[B, C, 84, 84] -> [B, 512]``."""
+
+    def __init__(self, obs_shape: tuple, features: int = 512):
+        super().__init__()
+        channels = obs_shape[0]
+        self.convs = nn.Sequential(
+            orthogonal_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaResNet(nn.Module):
+    """Espeholt et al. (2018): 3 stacks of (conv 3x3, max-pool 3x3/2, 2 residual blocks), channels 16/32/32,
+    then ReLU and a 256 fc. ``[B, C, H, W] -> [B, 256]``."""
+
+    def __init__(self, obs_shape: tuple, channels=(16, 32, 32), features: int = 256):
+        super().__init__()
+        layers, in_ch = [], obs_shape[0]
+        for out_ch in channels:
+            layers += [nn.Conv2d(in_ch, out_ch, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                       _ResidualBlock(out_ch), _ResidualBlock(out_ch)]
+            in_ch = out_ch
+        self.stacks = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.stacks(x))
+
+
+class MiniGridCNN(nn.Module):
+    """Small grids (MiniGrid's 7x7 view): 16/32/64 channels of 2x2 convs with one 2x2 max-pool, then a 64 fc.
+    Cheap enough to learn on a CPU in CI. ``[B, 3, 7, 7] -> [B, 64]``."""
+
+    def __init__(self, obs_shape: tuple, features: int = 64):
+        super().__init__()
+        self.convs = nn.Sequential(
+            orthogonal_init(nn.Conv2d(obs_shape[0], 16, 2)), nn.ReLU(), nn.MaxPool2d(2),
+            orthogonal_init(nn.Conv2d(16, 32, 2)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(32, 64, 2)), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
+        self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
+        self.out_dim = features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.convs(x))
+
+
+ENCODERS = {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minigrid_cnn": MiniGridCNN}
+
+
+def resolve_encoder(name: str, obs_shape: tuple) -> str:
+    """``auto``: MLP for flat observations, MiniGridCNN for grids smaller than 16x16, NatureCNN for frames."""
+    if name != "auto":
+        return name
+    if len(obs_shape) != 3:
+        return "mlp"
+    return "minigrid_cnn" if min(obs_shape[1:]) < 16 else "nature_cnn"
+
+
+class PixelActorCritic(nn.Module):
+    """A convolutional trunk shared by the policy and value heads; same API as ``ActorCritic``.
+
+    ``obs [B, C, H, W]`` in any dtype (uint8 frames) is cast to float and scaled by ``obs_scale`` here, so
+    frames travel and are stored as uint8. ``channels_last`` puts activations in NHWC (faster convs on CUDA).
+    """
+
+    def __init__(self, obs_shape: tuple, action_spec: ActionSpec, encoder: str = "nature_cnn", obs_scale: float = 1 / 255,
+                 init_log_std: float = 0.0, channels_last: bool = False):
+        super().__init__()
+        if len(obs_shape) != 3:
+            raise ValueError(f"PixelActorCritic needs [C, H, W] observations, got shape {obs_shape}")
+        self.action_spec = action_spec
+        self.discrete = action_spec.kind == "discrete"
+        out_dim = action_spec.n if self.discrete else math.prod(action_spec.shape)
+        # A buffer, so a checkpoint carries the scale its model was trained with.
+        self.register_buffer("obs_scale", torch.tensor([float(obs_scale)]))  # [1]: 0-d breaks byte views
+        self.channels_last = channels_last
+        self.encoder = ENCODERS[encoder](tuple(obs_shape))
+        self.policy_head = orthogonal_init(nn.Linear(self.encoder.out_dim, out_dim), gain=0.01)
+        self.value_head = orthogonal_init(nn.Linear(self.encoder.out_dim, 1), gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
+        if channels_last:
+            self.to(memory_format=torch.channels_last)
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() * self.obs_scale
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.encoder(x)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self._features(obs)).squeeze(-1).float()
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+        features = self._features(obs)
+        out = self.policy_head(features)
+        value = self.value_head(features).squeeze(-1).float()
+        if self.discrete:
+            if action is None:
+                action = categorical_sample(out)
+            logp, entropy = categorical_logp_entropy(out, action)
+        else:
+            if action is None:
+                action = out.float() + torch.randn_like(out, dtype=torch.float32) * self.log_std.exp()
+            action = action.view(out.shape)
+            logp, entropy = gaussian_logp_entropy(out, self.log_std, action)
+            action = action.view(-1, *self.action_spec.shape)
+        return action, logp, entropy, value
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        out = self.policy_head(self._features(obs))
+        if self.discrete:
+            return out.argmax(-1)
+        return out.float().view(-1, *self.action_spec.shape)
+
+
+def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
+               channels_last: bool = False) -> nn.Module:
+    """The actor-critic ``cfg.encoder`` asks for. ``obs_scale`` None: 1/255 for image observations."""
+    encoder = resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape))
+    if encoder == "mlp":
+        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std)
+    return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
+                            cfg.init_log_std, channels_last)

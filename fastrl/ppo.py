@@ -5,11 +5,22 @@ loss, an advantage normalization or a statistic.
 """
 from __future__ import annotations
 
+import functools
+from contextlib import nullcontext
+
 import torch
 from tensordict import TensorDict
 
 import kernels
+from fastrl.amp import backward_step
 from fastrl.buffers import iterate_minibatches
+
+# The minibatch fields a loss reads, in the order loss functions take them as plain tensors (compile-friendly).
+LOSS_KEYS = ("observation", "action", "sample_log_prob", "advantage", "state_value", "value_target", "valid")
+
+
+def loss_inputs(minibatch: TensorDict) -> tuple:
+    return tuple(minibatch[k] for k in LOSS_KEYS)
 
 
 def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -37,36 +48,43 @@ def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.T
     return torch.where(var_target > 0, 1 - var_resid / var_target.clamp(min=1e-12), torch.zeros_like(var_target))
 
 
-def ppo_loss(agent, minibatch: TensorDict, cfg) -> tuple[torch.Tensor, dict]:
+def ppo_loss_terms(agent, cfg, observation, action, old_logp, advantage, old_value, value_target, valid,
+                   autocast=nullcontext) -> tuple[torch.Tensor, dict]:
+    """``ppo_loss`` over plain tensors ``[B, ...]``; only the model forward runs under ``autocast``."""
+    with autocast():
+        _, new_logp, entropy, new_value = agent.get_action_and_value(observation, action)
+    return kernels.ppo_loss(new_logp.float(), old_logp, advantage, new_value.float(), old_value, value_target,
+                            entropy.float(), valid, clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef,
+                            ent_coef=cfg.ent_coef, clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv)
+
+
+def ppo_loss(agent, minibatch: TensorDict, cfg, autocast=nullcontext) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate + (optionally clipped) value loss - entropy bonus on one minibatch ``[B]``."""
-    _, new_logp, entropy, new_value = agent.get_action_and_value(minibatch["observation"], minibatch["action"])
-    return kernels.ppo_loss(new_logp, minibatch["sample_log_prob"], minibatch["advantage"], new_value,
-                            minibatch["state_value"], minibatch["value_target"], entropy, minibatch["valid"],
-                            clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
-                            clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv)
+    return ppo_loss_terms(agent, cfg, *loss_inputs(minibatch), autocast=autocast)
 
 
 def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
-               generator: torch.Generator | None = None, sync_grads=None) -> dict:
+               generator: torch.Generator | None = None, sync_grads=None, loss_fn=None, scaler=None) -> dict:
     """``n_epochs`` x ``n_minibatches`` gradient steps on one rollout; returns 0-d tensor diagnostics.
 
     Per minibatch: one forward/backward, ``sync_grads()`` (the cross-rank gradient average, when
     distributed), a global grad-norm clip and an optimizer step; no host sync.
     With ``target_kl`` > 0 the epoch loop stops early once approx_kl exceeds it (one sync per epoch).
+    ``loss_fn(*loss_inputs(minibatch))`` (default: eager ``ppo_loss_terms``) may be a compiled, autocast
+    version; ``scaler`` is the fp16 GradScaler or None.
     """
+    if loss_fn is None:
+        loss_fn = functools.partial(ppo_loss_terms, agent, cfg)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     totals: dict = {}
     n_updates = 0
     for _epoch in range(cfg.n_epochs):
         for minibatch in iterate_minibatches(batch, cfg.n_minibatches, generator):
-            loss, stats = ppo_loss(agent, minibatch, cfg)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if sync_grads is not None:
-                sync_grads()
-            if cfg.max_grad_norm > 0:
-                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            optimizer.step()
+            loss, stats = loss_fn(*loss_inputs(minibatch))
+            stats = dict(stats)
+            grad_norm = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
+            if grad_norm is not None:
+                stats["grad_norm"] = grad_norm
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value.detach()
             n_updates += 1

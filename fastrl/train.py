@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import sys
@@ -18,14 +19,16 @@ import numpy as np
 import torch
 
 from fastrl import distributed
+from fastrl.a2c import a2c_loss_terms, a2c_update
+from fastrl.amp import autocast_factory, grad_scaler, maybe_compile, resolve_compile
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
+from fastrl.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.config import Config, UserError, make_config, parse_cli_overrides
 from fastrl.envs import make_env
 from fastrl.evaluate import evaluate
 from fastrl.logger import NullLogger, RunLogger
 from fastrl.models import make_agent
-from fastrl.ppo import compute_advantages, ppo_update
+from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
 
 
 def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
@@ -62,8 +65,6 @@ class Trainer:
         self.cfg = cfg
         self.dist = dist_info or distributed.DistInfo()
         self.device = device or distributed.resolve_device(cfg.device)
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         rank = self.dist.rank
@@ -71,11 +72,20 @@ class Trainer:
         np.random.seed((cfg.seed + rank) % 2**32)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.env = make_env(cfg, seed=env_seed(cfg.seed, rank, cfg.n_envs))
-        self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec).to(self.device)
+        threads = cfg.torch_threads
+        if threads == 0 and self.device.type == "cpu":
+            # Small MLPs gain nothing from intra-op threads, and spinning OpenMP workers collapse
+            # throughput when the cores are shared (with EnvPool's threads, or other jobs). CNNs too: on the
+            # shared 2-core box a Nature-CNN forward of 8 frames took 5 ms on 1 thread, 300 ms on 2.
+            threads = 1
+        if threads:
+            torch.set_num_threads(threads)
+        self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec, self.env.obs_scale,
+                                channels_last=self.device.type == "cuda").to(self.device)
         distributed.broadcast_module_(self.agent)
-        # fused Adam: one kernel for all parameters (about 4x faster than the per-tensor loop on CPU).
-        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.optimizer = self._make_optimizer()
         self.params = list(self.agent.parameters())
+        self._build_step_functions()
         self.buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs, self.env.observation_shape,
                                           self.env.observation_dtype, self.env.action_spec, self.device)
         self.sample_generator = torch.Generator(device=self.device)
@@ -95,15 +105,53 @@ class Trainer:
         self._reward, self._done = nxt["reward"], nxt["done"]
         self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
 
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        name = cfg.optimizer if cfg.optimizer != "auto" else ("rmsprop" if cfg.algo == "a2c" else "adam")
+        if name == "rmsprop":  # the original A2C's optimizer
+            return torch.optim.RMSprop(self.agent.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps)
+        # fused Adam: one kernel for all parameters (about 4x faster than the per-tensor loop on CPU).
+        return torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+
+    def _build_step_functions(self) -> None:
+        """The rollout forward and the loss, under ``cfg.amp`` autocast and (maybe) ``torch.compile``.
+
+        Shapes are static (``[n_envs]`` in the rollout, fixed minibatch sizes in the update) and the learning rate
+        lives in the optimizer, outside the compiled graphs, so nothing recompiles after the first iteration.
+        """
+        cfg, agent = self.cfg, self.agent
+        self.autocast = autocast_factory(self.device, cfg.amp)
+        self.scaler = grad_scaler(self.device, cfg.amp)
+        self.compile_mode = resolve_compile(cfg.compile, self.device)
+        autocast = self.autocast
+
+        def policy_step(obs):
+            with autocast():
+                return agent.get_action_and_value(obs)
+
+        def bootstrap_value(obs):
+            with autocast():
+                return agent.get_value(obs)
+
+        loss_terms = a2c_loss_terms if cfg.algo == "a2c" else ppo_loss_terms
+
+        def loss_fn(*tensors):
+            return loss_terms(agent, cfg, *tensors, autocast=autocast)
+
+        mode = self.compile_mode
+        self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
+        self.bootstrap_value = maybe_compile(bootstrap_value, mode, "the bootstrap value forward")
+        self.loss_fn = maybe_compile(loss_fn, mode, f"the {cfg.algo} loss")
+
     # ------------------------------------------------------------------ hot path
     @torch.no_grad()
     def collect(self) -> None:
         """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
-        agent, env, device = self.agent, self.env, self.device
+        policy_step, env, device = self.policy_step, self.env, self.device
         obs = self.next_obs
         for t in range(self.cfg.n_steps):
             with self.timer.section("policy"):
-                action, logp, _, value = agent.get_action_and_value(obs.to(device, non_blocking=True))
+                action, logp, _, value = policy_step(obs.to(device, non_blocking=True))
                 self._obs[t].copy_(obs)
                 self._action[t].copy_(action)
                 self._logp[t].copy_(logp)
@@ -120,7 +168,7 @@ class Trainer:
         with self.timer.section("policy"):
             # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
             self._next_value[:-1].copy_(self._value[1:])
-            self._next_value[-1].copy_(agent.get_value(obs.to(device, non_blocking=True)))
+            self._next_value[-1].copy_(self.bootstrap_value(obs.to(device, non_blocking=True)))
         self.next_obs = obs
         self.global_step += self.steps_per_iteration
 
@@ -139,11 +187,19 @@ class Trainer:
         with self.timer.section("update"):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
             compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
-            sync = (lambda: distributed.all_reduce_grads_(self.params, self.dist.world_size)) if self.dist.enabled else None
-            metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync)
+            sync = self._sync_grads if self.dist.enabled else None
+            if self.cfg.algo == "a2c":
+                metrics = a2c_update(self.agent, self.optimizer, batch, self.cfg, sync, self.loss_fn, self.scaler)
+            else:
+                metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync,
+                                     loss_fn=self.loss_fn, scaler=self.scaler)
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
         return metrics
+
+    def _sync_grads(self) -> None:
+        with self.timer.section("allreduce"):
+            distributed.all_reduce_grads_(self.params, self.dist.world_size)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
@@ -204,6 +260,9 @@ def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -
 
 def run(cfg: Config, resume_state: dict | None = None) -> dict:
     """Train ``cfg`` to its end (or a stop signal) and return the summary."""
+    if cfg.algo in ("impala", "appo"):
+        from fastrl.actor_learner import run_actor_learner
+        return run_actor_learner(cfg, resume_state)
     dist_info, device = distributed.setup(cfg.device)
     try:
         return _run(cfg, resume_state, dist_info, device)
@@ -212,8 +271,9 @@ def run(cfg: Config, resume_state: dict | None = None) -> dict:
 
 
 def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo, device: torch.device) -> dict:
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else (
-        _resume_run_dir(cfg.resume) if cfg.resume else default_run_dir(cfg))
+    run_dir = _agree_run_dir(cfg, dist_info)
+    if resume_state is None:
+        resume_state = _elastic_resume_state(run_dir)
     trainer = Trainer(cfg, dist_info, device)
     if resume_state is not None:
         trainer.load_state_dict(resume_state)
@@ -254,7 +314,9 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
         summary = {"total_steps": trainer.global_step, "wall_time_s": wall_time,
                    "sps": (trainer.global_step - start_step) / max(wall_time, 1e-9),
                    "episode_return_mean": trainer.episode_summary().get("episode_return_mean"),
-                   "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None}
+                   "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
+                   "resumed_from_step": start_step,
+                   "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
         if dist_info.is_main:
             save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), cfg.keep_checkpoints)
             if cfg.eval_episodes and stop["stop"] is None:
@@ -264,11 +326,43 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
             else:
                 summary["eval_return_mean"] = None
             summary["run_dir"] = str(run_dir)
+        hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
+        if dist_info.is_main:
+            summary["world_size"] = dist_info.world_size
+            summary["param_hashes"] = hashes
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
     finally:
         logger.close()
         trainer.env.close()
+
+
+def _agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:
+    """The run directory, identical on every rank and across torchrun restarts of the same job."""
+    if cfg.run_dir:
+        return Path(cfg.run_dir)
+    if cfg.resume:
+        return _resume_run_dir(cfg.resume)
+    if not dist_info.enabled:
+        return default_run_dir(cfg)
+    # Under torchrun a restarted job finds its first attempt's directory through a pointer file.
+    pointer = Path("runs") / ".torchrun" / os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    chosen = None
+    if dist_info.is_main:
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        chosen = pointer.read_text().strip() if restarted and pointer.is_file() else str(default_run_dir(cfg))
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        pointer.write_text(chosen)
+    return Path(distributed.broadcast_object(chosen))
+
+
+def _elastic_resume_state(run_dir: Path) -> dict | None:
+    """After a torchrun restart every rank reloads the run's newest checkpoint (if any)."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        return None
+    if not list_checkpoints(run_dir / "checkpoints"):
+        return None
+    return load_checkpoint(run_dir)
 
 
 def _resume_run_dir(target: str) -> Path:

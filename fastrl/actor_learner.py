@@ -1,0 +1,644 @@
+"""IMPALA / APPO runtime: actor processes, a shared-memory ring of rollout slots, and the learner loop.
+
+Roles
+- Actors (``n_actors`` processes, started with ``spawn``) each own an env batch of ``n_envs`` and a CPU copy
+  of the policy (1 torch thread). They fill ``[n_steps, n_envs]`` rollouts straight into shared-memory
+  slots (no pickling per step) and record the policy version that acted.
+- The learner (this process) takes full slots oldest-first, copies them into its ``[T, learner_batch * N]``
+  batch, frees them at once (so actors refill while it learns), computes V-trace and updates
+  (``fastrl.impala``). Every ``sync_interval`` updates it publishes the weights; actors pull them before
+  their next rollout.
+
+Why ``spawn``: the learner has already started torch's OpenMP pool (and, for evaluation, EnvPool thread
+pools) when actors are (re)started; ``fork`` would copy those half-locked pools into the child and can
+deadlock. ``forkserver`` would work too but leaves one more long-lived process to clean up on SIGTERM.
+Spawned children start from a fresh interpreter (~2 s to import torch), which only matters on restart.
+
+Why no multiprocessing queues or locks: a SIGKILLed actor can die holding a queue's or lock's internal
+semaphore and wedge everyone else. Every shared word here has a single writer instead:
+- slot ``state`` (FREE -> FILLING -> FULL by the slot's owning actor, FULL -> FREE by the learner); each
+  actor owns ``n_slots / n_actors`` slots, so actors never contend. A dead actor's FILLING slots are
+  reclaimed by the learner, its FULL ones are still trained on.
+- weights: a flat float32 tensor behind a seqlock written only by the learner; an actor copies it and
+  retries if the sequence number moved. A dying reader can wedge nothing.
+Waiting is polling with sub-millisecond sleeps: cheap at these rates and immune to lost wake-ups.
+(Plain stores ordered by program order suffice on x86 and with CPython's calls as compiler barriers.)
+
+The slot interface (``SlotRing.acquire / commit`` for an actor, ``full_slots / release`` for the learner)
+is all an actor needs, so actors on other hosts could later sit behind the same four verbs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.multiprocessing as tmp
+from tensordict import TensorDict
+
+from fastrl import impala
+from fastrl.buffers import make_rollout_buffer
+from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.config import Config, UserError
+from fastrl.distributed import resolve_device
+from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
+from fastrl.evaluate import evaluate
+from fastrl.logger import RunLogger
+from fastrl.models import make_agent
+
+START_METHOD = "spawn"
+FREE, FILLING, FULL = 0, 1, 2
+# control words (int64, learner-written): stop flag, weights seqlock counter, published policy version
+STOP, SEQ, VERSION = 0, 1, 2
+# per-actor statistics (float64, actor-written): env steps, rollouts, seconds waiting for a free slot,
+# seconds in env.step, seconds in the policy forward, a heartbeat (monotonic time of the last rollout)
+A_STEPS, A_ROLLOUTS, A_WAIT, A_ENV, A_POLICY, A_BEAT = range(6)
+POLL_S = 0.0005
+AUTO_SYNC_STEPS = 10_000
+EXTRA_KEYS = ("episode_return", "episode_length")
+
+
+def actor_env_seed(run_seed: int, actor_id: int, restart: int, n_actors: int, n_envs: int) -> int:
+    """Base env seed of an actor incarnation: distinct across actors, restarts and runs."""
+    return (run_seed * 100_003 + (actor_id + restart * n_actors) * n_envs) % (2**31 - 1)
+
+
+# ---------------------------------------------------------------------------------------------- slots
+class SlotRing:
+    """``n_slots`` preallocated ``[T, N]`` rollouts in shared memory and their per-slot bookkeeping.
+
+    ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer`` plus
+    ``episode_return`` / ``episode_length`` (set on the step that ends an episode, else 0);
+    ``bootstrap_observation [K, N, *obs]`` is obs[T], the observation after the last step.
+    ``version [K]``: the policy version that produced the slot. ``full_time [K]``: monotonic time it was committed.
+    """
+
+    def __init__(self, n_slots: int, n_actors: int, n_steps: int, n_envs: int, obs_shape: tuple,
+                 obs_dtype: torch.dtype, action_spec):
+        one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec).exclude("advantage", "value_target")
+        one["episode_return"] = torch.zeros(n_steps, n_envs, dtype=torch.float32)
+        one["episode_length"] = torch.zeros(n_steps, n_envs, dtype=torch.int32)
+        self.rollout = one.expand(n_slots, n_steps, n_envs).clone().share_memory_()
+        self.bootstrap_observation = torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype).share_memory_()
+        self.state = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
+        self.version = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
+        self.full_time = torch.zeros(n_slots, dtype=torch.float64).share_memory_()
+        self.n_slots, self.n_actors = n_slots, n_actors
+        self.per_actor = n_slots // n_actors
+        self._np()
+
+    def _np(self):
+        self.state_np, self.version_np, self.time_np = self.state.numpy(), self.version.numpy(), self.full_time.numpy()
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._np()
+
+    def owned(self, actor_id: int) -> range:
+        return range(actor_id * self.per_actor, (actor_id + 1) * self.per_actor)
+
+    # actor side
+    def acquire(self, slot: int) -> bool:
+        """Claim ``slot`` (one of the caller's own) if the learner has freed it."""
+        if self.state_np[slot] != FREE:
+            return False
+        self.state_np[slot] = FILLING
+        return True
+
+    def commit(self, slot: int, version: int) -> None:
+        self.version_np[slot] = version
+        self.time_np[slot] = time.monotonic()
+        self.state_np[slot] = FULL  # last: the learner reads the data only after seeing FULL
+
+    # learner side
+    def full_slots(self) -> np.ndarray:
+        """Indices of the full slots, oldest first."""
+        full = np.flatnonzero(self.state_np == FULL)
+        return full[np.argsort(self.time_np[full], kind="stable")] if full.size > 1 else full
+
+    def release(self, slot: int) -> None:
+        self.state_np[slot] = FREE
+
+    def reclaim(self, actor_id: int) -> int:
+        """Free a dead actor's half-written slots (its full ones are still good data). Returns how many."""
+        n = 0
+        for slot in self.owned(actor_id):
+            if self.state_np[slot] == FILLING:
+                self.state_np[slot] = FREE
+                n += 1
+        return n
+
+
+def _flat_tensors(agent) -> list:
+    return list(agent.parameters()) + [b for b in agent.buffers() if b.is_floating_point()]
+
+
+class WeightBoard:
+    """The learner's latest weights as one flat float32 shared tensor behind a single-writer seqlock."""
+
+    def __init__(self, agent):
+        n = sum(t.numel() for t in _flat_tensors(agent))
+        self.flat = torch.zeros(n, dtype=torch.float32).share_memory_()
+        self.control = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._np()
+
+    def _np(self):
+        self.control_np = self.control.numpy()
+
+    def __getstate__(self):
+        return {"flat": self.flat, "control": self.control}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._np()
+
+    def publish(self, agent, version: int) -> None:
+        c = self.control_np
+        c[SEQ] += 1  # odd: write in progress
+        offset = 0
+        for t in _flat_tensors(agent):
+            n = t.numel()
+            self.flat[offset:offset + n].copy_(t.detach().reshape(-1))
+            offset += n
+        c[VERSION] = version
+        c[SEQ] += 1
+
+    def seq(self) -> int:
+        return int(self.control_np[SEQ])
+
+    def pull(self, agent) -> tuple[int, int]:
+        """Copy the published weights into ``agent``; returns ``(version, seq)`` of a consistent read."""
+        c = self.control_np
+        while True:
+            seq = int(c[SEQ])
+            if seq % 2:
+                time.sleep(POLL_S)
+                continue
+            offset = 0
+            with torch.no_grad():
+                for t in _flat_tensors(agent):
+                    n = t.numel()
+                    t.copy_(self.flat[offset:offset + n].view_as(t))
+                    offset += n
+            version = int(c[VERSION])
+            if int(c[SEQ]) == seq:
+                return version, seq
+
+    @property
+    def stop_requested(self) -> bool:
+        return bool(self.control_np[STOP])
+
+    def request_stop(self) -> None:
+        self.control_np[STOP] = 1
+
+
+# ---------------------------------------------------------------------------------------------- actor
+def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard,
+               stats: torch.Tensor, parent_pid: int) -> None:
+    """Actor process body: fill own slots with ``[T, N]`` rollouts until told to stop or orphaned.
+
+    Per env step: one policy forward (1 thread), one env step, slice writes into the shared slot and
+    a few vectorized episode-return ops; no .item(), no per-env Python loop, no allocation of buffers.
+    """
+    stopping = {"now": False}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C hits the whole group; the learner decides
+    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once per actor
+    torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
+    env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
+    env = make_env(env_cfg, seed=actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs))
+    agent = make_agent(cfg, env.observation_shape, env.action_spec)
+    agent.requires_grad_(False)
+    version, seen_seq = board.pull(agent)
+    my_stats = stats[actor_id].numpy()
+    T, N = cfg.n_steps, cfg.n_envs
+    views = []  # per owned slot, the tensors the rollout loop writes, looked up once
+    for slot in ring.owned(actor_id):
+        r = ring.rollout[slot]
+        nxt = r["next"]
+        views.append((slot, r["observation"], r["action"], r["sample_log_prob"], r["state_value"], r["valid"],
+                      nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"], nxt["state_value"],
+                      r["episode_return"], r["episode_length"], ring.bootstrap_observation[slot]))
+    running_return = torch.zeros(N, dtype=torch.float32)
+    running_length = torch.zeros(N, dtype=torch.int32)
+    zero_f, zero_i = torch.zeros(N, dtype=torch.float32), torch.zeros(N, dtype=torch.int32)
+
+    def should_stop() -> bool:
+        return stopping["now"] or board.stop_requested or os.getppid() != parent_pid
+
+    obs = env.reset()
+    turn = 0
+    try:
+        with torch.no_grad():
+            while not should_stop():
+                (slot, o_buf, a_buf, logp_buf, v_buf, valid_buf, r_buf, d_buf, term_buf, trunc_buf, nv_buf,
+                 ret_buf, len_buf, boot_buf) = views[turn % len(views)]
+                wait_start = time.perf_counter()
+                while not ring.acquire(slot):
+                    if should_stop():
+                        return
+                    time.sleep(POLL_S)
+                my_stats[A_WAIT] += time.perf_counter() - wait_start
+                if board.seq() != seen_seq:
+                    version, seen_seq = board.pull(agent)
+                policy_s = env_s = 0.0
+                for t in range(T):
+                    t0 = time.perf_counter()
+                    action, logp, _, value = agent.get_action_and_value(obs)
+                    o_buf[t].copy_(obs)
+                    a_buf[t].copy_(action)
+                    logp_buf[t].copy_(logp)
+                    v_buf[t].copy_(value)
+                    t1 = time.perf_counter()
+                    step = env.step(action)
+                    t2 = time.perf_counter()
+                    done = step.done
+                    r_buf[t].copy_(step.reward)
+                    d_buf[t].copy_(done)
+                    term_buf[t].copy_(step.terminated)
+                    trunc_buf[t].copy_(step.truncated)
+                    valid_buf[t].copy_(step.valid)
+                    running_return.add_(step.reward * step.valid)
+                    running_length.add_(step.valid)
+                    torch.where(done, running_return, zero_f, out=ret_buf[t])
+                    torch.where(done, running_length, zero_i, out=len_buf[t])
+                    running_return.masked_fill_(done, 0.0)
+                    running_length.masked_fill_(done, 0)
+                    obs = step.observation
+                    policy_s += t1 - t0
+                    env_s += t2 - t1
+                nv_buf[:-1].copy_(v_buf[1:])  # behaviour values; the learner recomputes its own
+                nv_buf[-1].copy_(agent.get_value(obs))
+                boot_buf.copy_(obs)
+                ring.commit(slot, version)
+                my_stats[A_STEPS] += T * N
+                my_stats[A_ROLLOUTS] += 1
+                my_stats[A_ENV] += env_s
+                my_stats[A_POLICY] += policy_s
+                my_stats[A_BEAT] = time.monotonic()
+                turn += 1
+    finally:
+        env.close()
+
+
+# ---------------------------------------------------------------------------------------------- pool
+class ActorPool:
+    """Starts the actors, restarts any that die, and stops them all (no orphans)."""
+
+    def __init__(self, cfg: Config, ring: SlotRing, board: WeightBoard, max_restarts: int | None = None):
+        self.cfg, self.ring, self.board = cfg, ring, board
+        self.ctx = tmp.get_context(START_METHOD)
+        self.stats = torch.zeros(cfg.n_actors, 6, dtype=torch.float64).share_memory_()
+        self.procs: list = [None] * cfg.n_actors
+        self.incarnation = [0] * cfg.n_actors
+        self.restarts = 0
+        self.max_restarts = 10 * cfg.n_actors if max_restarts is None else max_restarts
+        self._last_check = 0.0
+
+    def _start(self, actor_id: int) -> None:
+        proc = self.ctx.Process(target=actor_main, name=f"fastrl-actor-{actor_id}", daemon=True,
+                                args=(actor_id, self.incarnation[actor_id], self.cfg, self.ring, self.board,
+                                      self.stats, os.getpid()))
+        # Children inherit an ignored SIGINT from birth, so a Ctrl-C during their start-up cannot kill them.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.procs[actor_id] = proc
+
+    def start(self) -> None:
+        for actor_id in range(self.cfg.n_actors):
+            self._start(actor_id)
+
+    def pids(self) -> list:
+        return [p.pid for p in self.procs if p is not None]
+
+    def check(self, every_s: float = 0.2) -> int:
+        """Restart dead actors (at most every ``every_s``). Returns how many were restarted now."""
+        now = time.monotonic()
+        if now - self._last_check < every_s:
+            return 0
+        self._last_check = now
+        restarted = 0
+        for actor_id, proc in enumerate(self.procs):
+            if proc.exitcode is None:
+                continue
+            proc.join()
+            if self.restarts >= self.max_restarts:
+                raise RuntimeError(f"actor {actor_id} exited with code {proc.exitcode} and the restart budget "
+                                   f"({self.max_restarts}) is spent; see the actor's traceback above")
+            self.ring.reclaim(actor_id)
+            self.incarnation[actor_id] += 1
+            self.restarts += 1
+            restarted += 1
+            self._start(actor_id)
+        return restarted
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask every actor to stop, wait up to ``timeout_s``, then terminate and finally kill stragglers."""
+        self.board.request_stop()
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs:
+            if proc is not None:
+                proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc is not None and proc.exitcode is None:
+                proc.terminate()
+                proc.join(1.0)
+            if proc is not None and proc.exitcode is None:
+                proc.kill()
+                proc.join(1.0)
+
+
+# ---------------------------------------------------------------------------------------------- learner
+def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.Tensor) -> None:
+    """Append finished episodes to ``stats``' ring of the last ``window`` episodes."""
+    k = returns.numel()
+    if k:
+        slots = torch.arange(stats.count, stats.count + k) % stats.window
+        stats.returns[slots] = returns.double()
+        stats.lengths[slots] = lengths.long()
+        stats.count += k
+
+
+class Learner:
+    """Owns the agent, optimizer, the ``[T, learner_batch * N]`` batch and the staleness / queue statistics."""
+
+    def __init__(self, cfg: Config, device: torch.device, obs_shape: tuple, obs_dtype: torch.dtype, action_spec):
+        self.cfg, self.device = cfg, device
+        self.agent = make_agent(cfg, obs_shape, action_spec).to(device)
+        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.obs_shape = obs_shape
+        B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs
+        self.batch = make_rollout_buffer(T, B * N, obs_shape, obs_dtype, action_spec, device).exclude(
+            "advantage", "value_target", "state_value", ("next", "state_value"))
+        self.bootstrap_observation = torch.zeros(B * N, *obs_shape, dtype=obs_dtype)
+        self.steps_per_update = B * T * N
+        auto = max(1, round(AUTO_SYNC_STEPS / self.steps_per_update))
+        if cfg.max_policy_lag:  # weights must reach the actors before their rollouts all go stale
+            auto = min(auto, max(1, cfg.max_policy_lag // 2))
+        self.sync_interval = cfg.sync_interval or auto
+        self.board: WeightBoard | None = None
+        self.published_version = -1
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(cfg.seed * 7919)
+        self.episodes = EpisodeStats(1)
+        self.keys = list(self.batch.keys(include_nested=True, leaves_only=True))
+        self.lag_totals = {"sum": 0.0, "count": 0, "max": 0, "dropped": 0}
+        self.iteration = 0  # learner updates so far == the learner's policy version
+        self.global_step = 0  # env steps consumed (trained on or dropped)
+        self.reset_interval_stats()
+
+    def reset_interval_stats(self) -> None:
+        self.lags: list = []
+        self.dropped = 0
+        self.wait_s = 0.0
+        self.waits = 0
+        self.wakeup_latency: list = []
+        self.slot_age: list = []
+        self.full_at_pickup: list = []
+        self.update_s = 0.0
+
+    def publish(self) -> None:
+        self.board.publish(self.agent, self.iteration)
+        self.published_version = self.iteration
+
+    def current_lr(self) -> float:
+        cfg = self.cfg
+        if not cfg.anneal_lr:
+            return cfg.lr
+        frac = 1.0 - self.global_step / cfg.total_steps
+        return cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)
+
+    def gather(self, ring: SlotRing, keep_going) -> bool:
+        """Fill the batch from ``learner_batch`` full slots (oldest first), freeing each right after the copy.
+
+        Waits (polling) only while no slot is full; ``keep_going()`` is called while waiting (actor
+        health checks, stop signals) and returning False abandons the gather. Stale slots
+        (lag > ``max_policy_lag``) are dropped: their env steps and episodes still count.
+        """
+        cfg, N = self.cfg, self.cfg.n_envs
+        filled = 0
+        while filled < cfg.learner_batch:
+            full = ring.full_slots()
+            if full.size == 0:
+                start = time.monotonic()
+                self.waits += 1
+                while full.size == 0:
+                    if not keep_going():
+                        self.wait_s += time.monotonic() - start
+                        return False
+                    time.sleep(POLL_S)
+                    full = ring.full_slots()
+                now = time.monotonic()
+                self.wait_s += now - start
+                # how long data sat in a full slot while the learner was waiting: its idle-with-data time
+                self.wakeup_latency.append(now - max(start, float(ring.time_np[full[0]])))
+            self.full_at_pickup.append(full.size)
+            for slot in full[: cfg.learner_batch - filled]:
+                slot = int(slot)
+                self.slot_age.append(time.monotonic() - float(ring.time_np[slot]))
+                lag = self.iteration - int(ring.version_np[slot])
+                src = ring.rollout[slot]
+                done = src["next", "done"]
+                record_episodes(self.episodes, src["episode_return"][done], src["episode_length"][done])
+                self.global_step += cfg.n_steps * N
+                if cfg.max_policy_lag and lag > cfg.max_policy_lag:
+                    self.dropped += 1
+                    self.lag_totals["dropped"] += 1
+                    ring.release(slot)
+                    if self.iteration - self.published_version > cfg.max_policy_lag:
+                        self.publish()  # the actors' weights are themselves too old: no rollout could pass
+                    continue
+                self.lags.append(lag)
+                totals = self.lag_totals
+                totals["sum"], totals["count"], totals["max"] = totals["sum"] + lag, totals["count"] + 1, max(totals["max"], lag)
+                cols = slice(filled * N, (filled + 1) * N)
+                for key in self.keys:
+                    self.batch.get(key)[:, cols].copy_(src.get(key))
+                self.bootstrap_observation[cols].copy_(ring.bootstrap_observation[slot])
+                ring.release(slot)
+                filled += 1
+        return True
+
+    def update(self) -> dict:
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        start = time.perf_counter()
+        on_device = self.device.type != "cpu"
+        batch = self.batch.to(self.device, non_blocking=True) if on_device else self.batch
+        boot = self.bootstrap_observation.to(self.device, non_blocking=True) if on_device else self.bootstrap_observation
+        metrics = impala.update(self.agent, self.optimizer, batch, boot, self.cfg, self.generator)
+        metrics["charts/learning_rate"] = lr
+        self.iteration += 1
+        self.update_s += time.perf_counter() - start
+        return metrics
+
+    def interval_stats(self) -> dict:
+        def mean(xs):
+            return float(np.mean(xs)) if xs else 0.0
+        out = {"staleness/policy_lag_mean": mean(self.lags), "staleness/policy_lag_max": max(self.lags, default=0),
+               "staleness/dropped_rollouts": self.dropped, "queue/learner_wait_s": self.wait_s,
+               "queue/learner_waits": self.waits, "queue/full_slots_at_pickup_mean": mean(self.full_at_pickup),
+               "queue/slot_age_ms_mean": 1e3 * mean(self.slot_age),
+               "queue/idle_with_full_slot_ms_mean": 1e3 * mean(self.wakeup_latency),
+               "queue/idle_with_full_slot_ms_max": 1e3 * max(self.wakeup_latency, default=0.0),
+               "time/update_s": self.update_s}
+        self.reset_interval_stats()
+        return out
+
+    def state_dict(self) -> dict:
+        """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
+        return {
+            "model": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "config": self.cfg.to_dict(),
+            "normalizer": {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(),
+                           "return_rms": RunningMeanStd(()).state_dict()},
+            "episode_stats": self.episodes.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "sample": self.generator.get_state(),
+                    "python": list(random.getstate()[1]), "numpy": torch.from_numpy(np.random.get_state()[1].copy())},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.episodes.load_state_dict(state["episode_stats"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.generator.set_state(state["rng"]["sample"])
+
+
+# ---------------------------------------------------------------------------------------------- run
+def run_actor_learner(cfg: Config, resume_state: dict | None = None) -> dict:
+    """Train ``cfg`` (algo impala or appo) with ``n_actors`` actor processes; returns the summary.
+
+    Writes the same run directory as PPO. SIGTERM / SIGINT stop the actors, write a final checkpoint
+    and return normally (exit code 0); no child process outlives this call.
+    """
+    from fastrl.train import _resume_run_dir, _yaml, default_run_dir
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
+    device = resolve_device(cfg.device)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed % 2**32)
+    torch.manual_seed(cfg.seed)
+    probe = make_env(cfg, n_envs=1)
+    obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec
+    probe.close()
+    threads = cfg.torch_threads or (1 if device.type == "cpu" and len(obs_shape) == 1 else 0)
+    if threads:
+        torch.set_num_threads(threads)
+    learner = Learner(cfg, device, obs_shape, obs_dtype, action_spec)
+    if resume_state is not None:
+        learner.load_state_dict(resume_state)
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else (_resume_run_dir(cfg.resume) if cfg.resume else default_run_dir(cfg))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
+
+    ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec)
+    board = WeightBoard(learner.agent)
+    learner.board = board
+    learner.publish()
+    pool = ActorPool(cfg, ring, board)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    logger = None
+    start_time = time.perf_counter()
+    start_step = learner.global_step
+    try:
+        pool.start()
+        logger = RunLogger(run_dir, cfg.to_dict(), cfg.total_steps, learner.global_step, cfg.tensorboard, cfg.wandb,
+                           cfg.wandb_project, cfg.progress)
+
+        def keep_going() -> bool:
+            pool.check()
+            return stop["signal"] is None
+
+        last_time, last_step = time.perf_counter(), learner.global_step
+        last_actor = pool.stats.clone()
+        while learner.global_step < cfg.total_steps and keep_going():
+            if not learner.gather(ring, keep_going):
+                break
+            metrics = learner.update()
+            if learner.iteration % learner.sync_interval == 0:
+                learner.publish()
+            if learner.iteration % cfg.log_interval == 0 or learner.global_step >= cfg.total_steps:
+                now = time.perf_counter()
+                dt = max(now - last_time, 1e-9)
+                actor_now = pool.stats.clone()
+                delta = actor_now - last_actor
+                sps = (learner.global_step - last_step) / dt
+                interval = learner.interval_stats()
+                record = {"sps": sps, "charts/SPS": sps,
+                          "charts/actor_sps": float(delta[:, A_STEPS].sum()) / dt,
+                          "charts/learner_samples_per_s": (learner.global_step - last_step) / dt,
+                          "actors/restarts": pool.restarts,
+                          "queue/actor_wait_s": float(delta[:, A_WAIT].sum()),
+                          "time/actor_env_s": float(delta[:, A_ENV].sum()),
+                          "time/actor_policy_s": float(delta[:, A_POLICY].sum()),
+                          **interval, **learner.episodes.summary(),
+                          **{k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()}}
+                record.pop("episodes", None)
+                if "episode_return_mean" in record:
+                    record["charts/episodic_return"] = record["episode_return_mean"]
+                logger.log(record, learner.global_step)
+                logger.progress(learner.global_step, {"sps": int(sps), "return": record.get("episode_return_mean", float("nan")),
+                                                      "lag": round(interval["staleness/policy_lag_mean"], 1)})
+                last_time, last_step, last_actor = now, learner.global_step, actor_now
+                if cfg.stop_at_return and record.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
+                    break
+            if cfg.checkpoint_interval and learner.iteration % cfg.checkpoint_interval == 0:
+                save_checkpoint(learner.state_dict(), checkpoint_path(run_dir, learner.global_step), cfg.keep_checkpoints)
+        pool.stop()
+        wall_time = time.perf_counter() - start_time
+        actor_total = pool.stats.clone()
+        lags = learner.lag_totals
+        summary = {"total_steps": learner.global_step, "wall_time_s": wall_time,
+                   "sps": (learner.global_step - start_step) / max(wall_time, 1e-9),
+                   "episode_return_mean": learner.episodes.summary().get("episode_return_mean"),
+                   "iterations": learner.iteration, "stopped_by_signal": stop["signal"] is not None,
+                   "actor_steps": float(actor_total[:, A_STEPS].sum()),
+                   "actor_sps": float(actor_total[:, A_STEPS].sum()) / max(wall_time, 1e-9),
+                   "actor_restarts": pool.restarts,
+                   "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
+                   "dropped_rollouts": lags["dropped"]}
+        save_checkpoint(learner.state_dict(), checkpoint_path(run_dir, learner.global_step), cfg.keep_checkpoints)
+        if cfg.eval_episodes and stop["signal"] is None:
+            eval_returns = evaluate(learner.agent, cfg, None, cfg.eval_episodes, cfg.eval_seeds, device)
+            summary["eval_return_mean"] = eval_returns.mean().item()
+            summary["eval_return_std"] = eval_returns.std(unbiased=False).item()
+        else:
+            summary["eval_return_mean"] = None
+        summary["run_dir"] = str(run_dir)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        pool.stop()
+        if logger is not None:
+            logger.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
