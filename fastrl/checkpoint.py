@@ -71,15 +71,21 @@ def resolve_checkpoint(target: str | Path) -> Path:
 def load_checkpoint(target: str | Path) -> dict:
     """Load safely. A corrupted, truncated or code-carrying file raises a one-line UserError."""
     path = resolve_checkpoint(target)
+    older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
+    corrupted = UserError(f"checkpoint {path} is corrupted or truncated"
+                          + (f"; try the older checkpoint {older[-1]}" if older else ""))
+    if not zipfile.is_zipfile(path):  # torch.save always writes a zip archive
+        raise corrupted
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data "
-                        f"({str(e).splitlines()[0][:120]})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
-        hint = f"; try the older checkpoint {older[-1]}" if older else ""
-        raise UserError(f"checkpoint {path} is corrupted or truncated ({type(e).__name__}){hint}") from None
+        message = str(e)
+        if "Weights only load failed" in message or "Unsupported global" in message:
+            raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data, "
+                            "which could run code; only load checkpoints you trust with other tools") from None
+        raise corrupted from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
+        raise corrupted from None
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise UserError(f"{path} is not a fastrl checkpoint (no model/config entries)")
     return state

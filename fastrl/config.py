@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,6 +124,9 @@ class Config:
     def validate(self) -> "Config":
         """Raise UserError naming the first bad value and how to fix it."""
         for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{f.name} must be a finite number, got {value}")
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise UserError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
@@ -207,13 +211,13 @@ def _coerce(name: str, value):
             except ValueError:
                 pass
     elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
+        try:
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
                 return float(value)
-            except ValueError:
-                pass
+            if isinstance(value, str):
+                return float(value)
+        except (ValueError, OverflowError):
+            pass
     elif kind is str:
         if isinstance(value, str):
             return value

@@ -83,4 +83,4 @@ class RunLogger(NullLogger):
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
-            self._wandb.finish(quiet=True)
+            self._wandb.finish()

@@ -23,7 +23,7 @@ from fastrl.a2c import a2c_loss_terms, a2c_update
 from fastrl.amp import autocast_factory, grad_scaler, maybe_compile, resolve_compile
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
-from fastrl.config import Config, UserError, make_config, parse_cli_overrides
+from fastrl.config import Config, UserError, load_yaml, make_config, parse_cli_overrides
 from fastrl.envs import make_env
 from fastrl.evaluate import evaluate
 from fastrl.logger import NullLogger, RunLogger
@@ -224,6 +224,10 @@ class Trainer:
         rng = state["rng"]
         torch.set_rng_state(rng["torch"])
         self.sample_generator.set_state(rng["sample"])
+        state_py = random.getstate()
+        random.setstate((state_py[0], tuple(int(x) for x in rng["python"]), state_py[2]))
+        np_state = np.random.get_state()
+        np.random.set_state((np_state[0], rng["numpy"].numpy().astype(np.uint32), *np_state[2:]))
 
     def episode_summary(self) -> dict:
         """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures."""
@@ -239,11 +243,14 @@ class Trainer:
         return {"episode_return_mean": total / count, "episode_length_mean": length_total / count}
 
 
-def _install_stop_handlers(flag: dict) -> None:
+def _install_stop_handlers(flag: dict) -> dict:
+    """SIGINT/SIGTERM end the run after the current iteration. Returns the previous handlers."""
     def handler(signum, _frame):
         flag["stop"] = signum
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    return previous
 
 
 def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[Config, dict | None]:
@@ -253,8 +260,9 @@ def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -
         return make_config(overrides, yaml_path, where="command-line flags"), None
     state = load_checkpoint(overrides["resume"])
     base = make_config(state["config"], where=f"checkpoint {overrides['resume']}").to_dict()
+    base["run_dir"] = ""  # a moved or copied run continues where it now lies (see _resume_run_dir)
     if yaml_path:
-        base.update(make_config({}, yaml_path).to_dict())
+        base.update({key.replace("-", "_"): value for key, value in load_yaml(yaml_path).items()})
     return make_config({**base, **overrides}, where="command-line flags"), state
 
 
@@ -284,7 +292,7 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.n_iterations * trainer.steps_per_iteration, trainer.global_step,
                            cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.progress)
     stop = {"stop": None}
-    _install_stop_handlers(stop)
+    previous_handlers = _install_stop_handlers(stop)
     start_time = time.perf_counter()
     start_step = trainer.global_step
     last_log_time, last_log_step = start_time, trainer.global_step
@@ -333,6 +341,8 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
     finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
         logger.close()
         trainer.env.close()
 

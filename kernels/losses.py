@@ -60,7 +60,8 @@ def _compute_dtype(*xs):
 
 
 def _masked_mean(x, mask, count):
-    return (x * mask).sum() / count
+    # where, not multiply: a NaN/Inf at a masked-out position must not reach the mean.
+    return torch.where(mask > 0, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / count
 
 
 def _normalize(advantage, mask, count):

@@ -58,10 +58,7 @@ def test_keep_last_n(tmp_path):
 @pytest.mark.parametrize("damage", [
     "truncate",
     "empty",
-    pytest.param("garbage", marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: fastrl/checkpoint.py load_checkpoint: a non-zip garbage file makes torch.load fall back to the "
-        "legacy unpickler, whose UnpicklingError is reported as 'refusing to load ... objects other than "
-        "tensors' instead of 'corrupted ... try the older checkpoint'"))),
+    "garbage",
 ])
 def test_corrupted_checkpoint_names_the_older_one(tmp_path, damage):
     older = save_checkpoint(_state(100), checkpoint_path(tmp_path, 100))

@@ -91,8 +91,6 @@ def test_resume_continues(tmp_path):
     assert any(not torch.equal(before["model"][k], state["model"][k]) for k in state["model"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fastrl/train.py config_from_cli keeps the checkpoint's run_dir, so "
-                   "`--resume COPIED_OR_MOVED_DIR` writes metrics/checkpoints into the original directory")
 def test_resume_of_moved_run_writes_into_that_run(base_run, tmp_path):
     from fastrl.distributed import DistInfo
     moved = tmp_path / "moved"
@@ -108,8 +106,6 @@ def test_resume_from_checkpoint_file_flags_override(base_run):
     assert cfg.lr == 0.003 and cfg.n_envs == 4 and cfg.seed == 3 and cfg.resume == str(ckpt)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fastrl/train.py config_from_cli: with --resume and --config, "
-                   "base.update(make_config({}, yaml).to_dict()) resets every key the YAML omits to its default")
 def test_resume_with_yaml_keeps_checkpoint_values(base_run, tmp_path):
     path = tmp_path / "extra.yaml"
     path.write_text("lr: 0.002\n")
@@ -118,8 +114,6 @@ def test_resume_with_yaml_keeps_checkpoint_values(base_run, tmp_path):
     assert cfg.n_envs == 4 and cfg.seed == 3 and cfg.n_epochs == 2  # from the checkpoint, not the defaults
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fastrl/train.py _install_stop_handlers replaces SIGINT/SIGTERM "
-                   "handlers and run() never restores them (Ctrl-C is swallowed after train.run() returns)")
 def test_run_restores_signal_handlers(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     try:
@@ -181,9 +175,6 @@ def test_gymnasium_backend_trains(tmp_path):
     assert len(_read_metrics(run_dir)) == 2
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="BUG: fastrl/logger.py:86 RunLogger.close calls "
-                   "wandb Run.finish(quiet=True); wandb 0.31 has no `quiet` kwarg, so every --wandb offline/online "
-                   "run (the default) crashes at the end with TypeError")
 def test_wandb_offline_run(tmp_path):
     run_dir = tmp_path / "wb"
     _main(TINY + ["--total-steps", "128", "--eval-episodes", "0", "--wandb", "offline", "--tensorboard", "false",
