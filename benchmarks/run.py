@@ -1,15 +1,37 @@
-"""Run fastrl's benchmarks: ``python -m benchmarks.run [PART ...] [--quick]`` (also ``fastrl bench``).
+"""Run fastrl's benchmark suite: ``python -m benchmarks.run [PART ...] [--quick]`` (also ``fastrl bench``).
 
-Parts: ``kernels`` (GAE / V-trace kernels, benchmarks/kernels.py) and ``train_sps`` (end-to-end PPO steps/s
-against Stable-Baselines3, and rollout overhead against raw EnvPool). No part means all of them.
-Each part writes its JSON under ``benchmarks/results/<machine-tag>/`` and prints its table.
+Parts, each one script writing JSON under ``benchmarks/results/<machine-tag>/``:
+  envs        raw env steps/s, EnvPool against Gymnasium vector envs        benchmarks/envs_sps.py
+  kernels     GAE / V-trace against loops, TorchRL and the memory-copy limit  benchmarks/kernels.py
+  rollout     Atari rollout against raw EnvPool; eager / bf16 / compiled       benchmarks/rollout_sps.py
+  end-to-end  PPO training steps/s against SB3; DDP scaling over 1-2 ranks     benchmarks/train_sps.py, ddp_scaling.py
+  peers       learning curves and time to threshold, fastrl against SB3        benchmarks/peers.py --part peers
+  learning    fastrl at the zoo's step budgets beside the zoo's scores         benchmarks/peers.py --part learning
+  impala      IMPALA actor-learner throughput (not in the default set)         benchmarks/impala_sps.py
+No part means all but impala. ``train_sps`` is an alias of end-to-end. A part that fails is reported and the rest
+still run (exit status 1). Afterwards ``benchmarks/report.py`` rewrites benchmarks/RESULTS.md and the plots.
+``--quick`` passes each script its smoke profile (the default set takes about 10-20 minutes on a busy 2-core box).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+import time
+import traceback
 
-PARTS = ("kernels", "train_sps")
+# part -> [(module, extra argv), ...]
+PARTS = {
+    "envs": [("benchmarks.envs_sps", [])],
+    "kernels": [("benchmarks.kernels", [])],
+    "rollout": [("benchmarks.rollout_sps", [])],
+    "end-to-end": [("benchmarks.train_sps", []), ("benchmarks.ddp_scaling", [])],
+    "peers": [("benchmarks.peers", ["--part", "peers"])],
+    "learning": [("benchmarks.peers", ["--part", "learning"])],
+    "impala": [("benchmarks.impala_sps", [])],
+}
+DEFAULT_PARTS = ("envs", "kernels", "rollout", "end-to-end", "peers", "learning")
+ALIASES = {"train_sps": "end-to-end", "end_to_end": "end-to-end", "e2e": "end-to-end"}
 
 
 class _UsageError(Exception):
@@ -21,34 +43,66 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(message)
 
 
-def _run_part(part: str, quick: bool) -> int:
-    argv = ["--quick"] if quick else []
-    if part == "kernels":
-        from benchmarks import kernels
-        code = kernels.main(argv)
-    else:
-        from benchmarks import train_sps
-        code = train_sps.main(argv)
+def _run_script(module_name: str, argv: list) -> int:
+    """``module.main(argv)`` as an exit status: exceptions are reported (traceback) as status 1."""
+    try:
+        module = importlib.import_module(module_name)
+        entry = getattr(module, "main", None)
+        if entry is None:
+            print(f"fastrl bench: {module_name} has no main(argv) entry point", file=sys.stderr)
+            return 1
+        code = entry(argv)
+    except SystemExit as e:  # argparse inside a script
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        traceback.print_exc()
+        return 1
     return code or 0
 
 
+def _parse(argv):
+    parser = _Parser(prog="fastrl bench", description=__doc__.splitlines()[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser.add_argument("parts", nargs="*", metavar="PART",
+                        help=f"any of {', '.join(PARTS)} (default: {' '.join(DEFAULT_PARTS)})")
+    parser.add_argument("--quick", action="store_true", help="each part's smoke profile (short budgets, one seed)")
+    parser.add_argument("--no-report", action="store_true", help="do not rewrite benchmarks/RESULTS.md and the plots")
+    args = parser.parse_args(argv)
+    parts = [ALIASES.get(p, p) for p in args.parts]
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise _UsageError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+    args.parts = list(dict.fromkeys(parts or DEFAULT_PARTS))
+    return args
+
+
 def main(argv=None) -> int:
-    parser = _Parser(prog="fastrl bench", description=__doc__.splitlines()[0])
-    parser.add_argument("parts", nargs="*", metavar="PART", help=f"any of {', '.join(PARTS)} (default: all)")
-    parser.add_argument("--quick", action="store_true", help="short measurements (a smoke run, minutes)")
     try:
-        args = parser.parse_args(argv)
-        unknown = [p for p in args.parts if p not in PARTS]
-        if unknown:
-            raise _UsageError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+        args = _parse(argv)
     except _UsageError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        print(f"fastrl bench: error: {e}", file=sys.stderr)
         return 2
-    status = 0
-    for part in dict.fromkeys(args.parts or PARTS):
-        print(f"# {part}", flush=True)
-        status = max(status, _run_part(part, args.quick))
-    return status
+    extra = ["--quick"] if args.quick else []
+    steps = [(part, module, [*part_argv, *extra]) for part in args.parts for module, part_argv in PARTS[part]]
+    outcomes = []
+    started = time.perf_counter()
+    for i, (part, module, argv_) in enumerate(steps, 1):
+        print(f"\n# [{i}/{len(steps)}] {part}: python -m {module} {' '.join(argv_)}".rstrip(), flush=True)
+        t0 = time.perf_counter()
+        code = _run_script(module, argv_)
+        outcomes.append((part, module, code, time.perf_counter() - t0))
+        print(f"# [{i}/{len(steps)}] {part}: {'ok' if code == 0 else f'FAILED (exit {code})'} "
+              f"in {time.perf_counter() - t0:.0f}s", flush=True)
+    if not args.no_report:
+        print("\n# report: python -m benchmarks.report", flush=True)
+        outcomes.append(("report", "benchmarks.report", _run_script("benchmarks.report", []), 0.0))
+    print(f"\n# done in {time.perf_counter() - started:.0f}s")
+    for part, module, code, seconds in outcomes:
+        print(f"#   {part:<10} {module:<26} {'ok' if code == 0 else f'exit {code}':>7} {seconds:7.0f}s")
+    return 0 if all(code == 0 for *_, code, _ in outcomes) else 1
 
 
 if __name__ == "__main__":

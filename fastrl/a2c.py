@@ -40,9 +40,8 @@ def a2c_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg, 
     params = [p for group in optimizer.param_groups for p in group["params"]]
     loss, stats = loss_fn(*loss_inputs(batch.reshape(-1)))
     stats = dict(stats)
-    grad_norm = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
-    if grad_norm is not None:
-        stats["grad_norm"] = grad_norm
+    stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
+    stats["nonfinite_updates"] = nonfinite.float()  # skipped for a NaN/Inf loss or gradient
     metrics = {f"losses/{k}": v.detach() for k, v in stats.items()}
     metrics["losses/explained_variance"] = explained_variance(batch["state_value"], batch["value_target"],
                                                               batch["valid"].float())

@@ -219,7 +219,7 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
     env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
     env = make_env(env_cfg, seed=actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs))
-    agent = make_agent(cfg, env.observation_shape, env.action_spec)
+    agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
     agent.requires_grad_(False)
     version, seen_seq = board.pull(agent)
     my_stats = stats[actor_id].numpy()
@@ -377,9 +377,10 @@ def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.T
 class Learner:
     """Owns the agent, optimizer, the ``[T, learner_batch * N]`` batch and the staleness / queue statistics."""
 
-    def __init__(self, cfg: Config, device: torch.device, obs_shape: tuple, obs_dtype: torch.dtype, action_spec):
+    def __init__(self, cfg: Config, device: torch.device, obs_shape: tuple, obs_dtype: torch.dtype, action_spec,
+                 obs_scale: float | None = None):
         self.cfg, self.device = cfg, device
-        self.agent = make_agent(cfg, obs_shape, action_spec).to(device)
+        self.agent = make_agent(cfg, obs_shape, action_spec, obs_scale).to(device)
         self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
         self.obs_shape = obs_shape
         B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs
@@ -544,11 +545,12 @@ def run_actor_learner(cfg: Config, resume_state: dict | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     probe = make_env(cfg, n_envs=1)
     obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec
+    obs_scale = getattr(probe, "obs_scale", None)
     probe.close()
     threads = cfg.torch_threads or (1 if device.type == "cpu" and len(obs_shape) == 1 else 0)
     if threads:
         torch.set_num_threads(threads)
-    learner = Learner(cfg, device, obs_shape, obs_dtype, action_spec)
+    learner = Learner(cfg, device, obs_shape, obs_dtype, action_spec, obs_scale)
     if resume_state is not None:
         learner.load_state_dict(resume_state)
     run_dir = Path(cfg.run_dir) if cfg.run_dir else (_resume_run_dir(cfg.resume) if cfg.resume else default_run_dir(cfg))

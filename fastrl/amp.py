@@ -71,18 +71,29 @@ def maybe_compile(fn, mode: str, name: str) -> CompiledOrEager:
 
 
 def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float,
-                  sync_grads=None, scaler=None) -> torch.Tensor | None:
-    """zero_grad, backward (scaled for fp16), cross-rank sync, unscale, global-norm clip, step. Returns the grad norm."""
+                  sync_grads=None, scaler=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """zero_grad, backward (scaled for fp16), cross-rank sync, unscale, global-norm clip, step.
+
+    Returns ``(grad_norm, nonfinite)`` as 0-d tensors. A NaN/Inf loss or gradient skips the step: on-device
+    through the fused optimizer's ``found_inf`` (no host sync), else with one host check.
+    """
     optimizer.zero_grad(set_to_none=True)
     (scaler.scale(loss) if scaler is not None else loss).backward()
     if sync_grads is not None:
         sync_grads()
     if scaler is not None:
         scaler.unscale_(optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if max_grad_norm > 0 else None
-    if scaler is not None:
+    if max_grad_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    nonfinite = ~(torch.isfinite(loss.detach()) & torch.isfinite(grad_norm))
+    if scaler is not None:  # the GradScaler already skips steps with non-finite gradients
         scaler.step(optimizer)
         scaler.update()
-    else:
+    elif optimizer.defaults.get("fused"):
+        optimizer.found_inf = nonfinite.float()
         optimizer.step()
-    return grad_norm
+    elif not bool(nonfinite):
+        optimizer.step()
+    return grad_norm, nonfinite

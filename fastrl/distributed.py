@@ -114,5 +114,5 @@ def parameter_hash(module: torch.nn.Module) -> str:
     """SHA-256 of all parameters' bytes: equal across ranks iff the parameters are bitwise identical."""
     digest = hashlib.sha256()
     for tensor in module.state_dict().values():
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.envs import BatchedEnv, NormalizedEnv
+from fastrl.envs import make_env
 
 
 def eval_seed(run_seed: int, k: int) -> int:
@@ -17,8 +17,8 @@ def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: in
     """Run ``episodes`` envs per seed to the end of their first episode. Returns returns ``[seeds * episodes]``."""
     results = []
     for k in range(seeds):
-        raw = BatchedEnv(cfg.env, episodes, eval_seed(cfg.seed, k), cfg.env_backend, cfg.env_threads)
-        env = NormalizedEnv(raw, cfg.normalize_obs, False, cfg.gamma, cfg.obs_clip, cfg.reward_clip, training=False)
+        # training=False: frozen normalizer statistics, unscaled rewards, whole unclipped Atari games.
+        env = make_env(cfg, n_envs=episodes, seed=eval_seed(cfg.seed, k), training=False)
         if normalizer_state is not None:
             env.load_state_dict(normalizer_state)
         obs = env.reset()

@@ -78,13 +78,13 @@ def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     totals: dict = {}
     n_updates = 0
+    nonfinite_updates = torch.zeros((), dtype=torch.int64, device=batch.device)
     for _epoch in range(cfg.n_epochs):
         for minibatch in iterate_minibatches(batch, cfg.n_minibatches, generator):
             loss, stats = loss_fn(*loss_inputs(minibatch))
             stats = dict(stats)
-            grad_norm = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
-            if grad_norm is not None:
-                stats["grad_norm"] = grad_norm
+            stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
+            nonfinite_updates = nonfinite_updates + nonfinite
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value.detach()
             n_updates += 1
@@ -94,4 +94,5 @@ def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
     metrics["losses/explained_variance"] = explained_variance(batch["state_value"], batch["value_target"],
                                                               batch["valid"].float())
     metrics["losses/n_updates"] = torch.tensor(float(n_updates))
+    metrics["losses/nonfinite_updates"] = nonfinite_updates.float()  # skipped for a NaN/Inf loss or gradient
     return metrics

@@ -26,6 +26,7 @@ from fastrl.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
 from fastrl.config import Config, UserError, load_yaml, make_config, parse_cli_overrides
 from fastrl.envs import make_env
 from fastrl.evaluate import evaluate
+from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import NullLogger, RunLogger
 from fastrl.models import make_agent
 from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
@@ -95,6 +96,7 @@ class Trainer:
         self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
         self.iteration = 0
         self.global_step = 0
+        self.lr_scale = 1.0  # lowered by each rollback
         self.timer = Timer()
         self.next_obs = self.env.reset()
         # Views on the buffer's storage, looked up once for the rollout loop.
@@ -175,9 +177,9 @@ class Trainer:
     def current_lr(self) -> float:
         cfg = self.cfg
         if not cfg.anneal_lr:
-            return cfg.lr
+            return cfg.lr * self.lr_scale
         frac = 1.0 - self.iteration / self.n_iterations
-        return cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)
+        return (cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)) * self.lr_scale
 
     def update(self) -> dict:
         """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
@@ -208,6 +210,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "global_step": self.global_step,
             "iteration": self.iteration,
+            "lr_scale": self.lr_scale,
             "config": self.cfg.to_dict(),
             "normalizer": self.env.state_dict(),
             "episode_stats": self.env.stats.state_dict(),
@@ -219,6 +222,7 @@ class Trainer:
         self.agent.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.lr_scale = float(state.get("lr_scale", 1.0))
         self.env.load_state_dict(state["normalizer"])
         self.env.stats.load_state_dict(state["episode_stats"])
         rng = state["rng"]
@@ -229,18 +233,34 @@ class Trainer:
         np_state = np.random.get_state()
         np.random.set_state((np_state[0], rng["numpy"].numpy().astype(np.uint32), *np_state[2:]))
 
+    def weights_state(self) -> dict:
+        """What a rollback restores: weights, optimizer moments and observation-normalizer statistics."""
+        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "normalizer": self.env.state_dict()}
+
+    def roll_back(self, state: dict, lr_factor: float) -> None:
+        """Return to ``state`` (see weights_state), scale the LR and restart the episode-return window."""
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.env.load_state_dict(state["normalizer"])
+        self.lr_scale *= lr_factor
+        self.env.stats.count = 0
+
     def episode_summary(self) -> dict:
         """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures."""
         returns, lengths = self.env.stats.recent()
-        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item()], dtype=torch.float64)
+        full = float(returns.numel() == self.env.stats.window)
+        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full],
+                            dtype=torch.float64)
         if self.dist.enabled:
             sums = sums.to(self.device) if self.device.type == "cuda" else sums
             distributed.all_reduce_(sums)
             sums = sums.cpu()
-        total, count, length_total = sums.tolist()
+        total, count, length_total, full_ranks = sums.tolist()
         if count == 0:
             return {}
-        return {"episode_return_mean": total / count, "episode_length_mean": length_total / count}
+        return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
+                "episode_window_full": full_ranks == self.dist.world_size}
 
 
 def _install_stop_handlers(flag: dict) -> dict:
@@ -291,6 +311,9 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
         (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.n_iterations * trainer.steps_per_iteration, trainer.global_step,
                            cfg.tensorboard, cfg.wandb, cfg.wandb_project, cfg.progress)
+    guard = RollbackGuard(cfg.rollback, cfg.rollback_drop, cfg.rollback_lr_factor, cfg.max_rollbacks,
+                          cfg.rollback_patience, cfg.max_nonfinite_iterations)
+    threshold = None  # (steps, seconds) when stop_at_return was reached
     stop = {"stop": None}
     previous_handlers = _install_stop_handlers(stop)
     start_time = time.perf_counter()
@@ -312,21 +335,36 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
                           **trainer.timer.pop()}
                 if "episode_return_mean" in recent:
                     record["charts/episodic_return"] = recent["episode_return_mean"]
+                if cfg.eval_interval and trainer.iteration % cfg.eval_interval == 0:
+                    record.update(_periodic_eval(trainer, cfg, dist_info, device))
+                reason = guard.observe(recent.get("episode_return_mean"), recent.get("episode_window_full", False),
+                                       record.get("losses/nonfinite_updates", 0.0), trainer.weights_state,
+                                       trainer.global_step)
+                if reason is not None:
+                    trainer.roll_back(guard.best_state, cfg.rollback_lr_factor)
+                    record.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
+                                   "events/rollback_to_step": guard.best_step, "charts/lr_scale": trainer.lr_scale})
+                    print(f"fastrl: rollback {guard.rollbacks}/{cfg.max_rollbacks} ({reason}) to the weights of step "
+                          f"{guard.best_step}; lr scale now {trainer.lr_scale:g}", file=sys.stderr)
                 logger.log(record, trainer.global_step)
                 logger.progress(trainer.global_step, {"sps": int(sps), "return": recent.get("episode_return_mean", float("nan"))})
                 if cfg.stop_at_return and recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
+                    threshold = (trainer.global_step, time.perf_counter() - start_time)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
-                save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), cfg.keep_checkpoints)
+                _save_if_finite(trainer, run_dir)
         wall_time = time.perf_counter() - start_time
         summary = {"total_steps": trainer.global_step, "wall_time_s": wall_time,
                    "sps": (trainer.global_step - start_step) / max(wall_time, 1e-9),
                    "episode_return_mean": trainer.episode_summary().get("episode_return_mean"),
                    "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
-                   "resumed_from_step": start_step,
+                   "resumed_from_step": start_step, "rollbacks": guard.rollbacks,
+                   "reached_return": threshold is not None,
+                   "steps_to_return": threshold[0] if threshold else None,
+                   "time_to_return_s": threshold[1] if threshold else None,
                    "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
         if dist_info.is_main:
-            save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), cfg.keep_checkpoints)
+            _save_if_finite(trainer, run_dir)
             if cfg.eval_episodes and stop["stop"] is None:
                 eval_returns = evaluate(trainer.agent, cfg, trainer.env.state_dict(), cfg.eval_episodes, cfg.eval_seeds, device)
                 summary["eval_return_mean"] = eval_returns.mean().item()
@@ -345,6 +383,23 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
             signal.signal(sig, handler)
         logger.close()
         trainer.env.close()
+
+
+def _save_if_finite(trainer: Trainer, run_dir: Path) -> None:
+    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written."""
+    if not all_finite(trainer.agent):
+        print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
+              file=sys.stderr)
+        return
+    save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), trainer.cfg.keep_checkpoints)
+
+
+def _periodic_eval(trainer: Trainer, cfg: Config, dist_info: distributed.DistInfo, device: torch.device) -> dict:
+    """Deterministic evaluation on separate envs (rank 0), ``eval_seeds`` x ``eval_episodes`` episodes."""
+    if not dist_info.is_main or not cfg.eval_episodes:
+        return {}
+    returns = evaluate(trainer.agent, cfg, trainer.env.state_dict(), cfg.eval_episodes, cfg.eval_seeds, device)
+    return {"eval/return_mean": returns.mean().item(), "eval/return_std": returns.std(unbiased=False).item()}
 
 
 def _agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:

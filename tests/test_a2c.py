@@ -15,7 +15,8 @@ def test_a2c_defaults_apply_under_yaml_and_flags():
     assert (cfg.n_steps, cfg.lr, cfg.lr_floor, cfg.gamma, cfg.gae_lambda) == (5, 7e-4, 1e-5, 0.99, 1.0)
     assert (cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.n_epochs, cfg.n_minibatches) == (0.01, 0.5, 0.5, 1, 1)
     assert make_config(dict(algo="a2c", n_steps=20)).n_steps == 20
-    assert make_config(dict(algo="ppo")).n_steps == 128
+    from fastrl.config import Config
+    assert make_config(dict(algo="ppo")).n_steps == Config.n_steps  # PPO keeps the embedded defaults
     with pytest.raises(UserError, match="one update per rollout"):
         make_config(dict(algo="a2c", n_minibatches=4))
 

@@ -212,3 +212,9 @@ def test_non_finite_floats_are_rejected(overrides):
 def test_huge_int_for_float_field_is_user_error():
     with pytest.raises(UserError):
         make_config({"lr": 10**400})
+
+
+def test_embedded_default_matches_cartpole_yaml():
+    from pathlib import Path
+    yaml_path = Path(__file__).resolve().parent.parent / "configs" / "ppo" / "cartpole.yaml"
+    assert make_config({}, str(yaml_path)) == make_config({})

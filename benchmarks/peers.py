@@ -1,0 +1,447 @@
+"""fastrl against Stable-Baselines3: learning curves, time to threshold, steps/s; and the zoo's published scores.
+
+    python -m benchmarks.peers [--quick] [--part peers|learning|all] [--algos ppo a2c] [--envs ...] [--seeds N]
+
+``peers``: for every (env, algo, seed), in the same process and alternating which goes first:
+- ``fastrl``: ``fastrl.train.run(make_config(...))`` on EnvPool envs, with ``stop_at_return`` = the env's threshold.
+- ``sb3``: SB3 ``PPO`` / ``A2C`` (``MlpPolicy``) on Gymnasium ``DummyVecEnv`` envs (SB3 as users run it), with the
+  same hyperparameters and a callback that records the curve and stops at the same threshold.
+Each run ends when the mean return of the last 100 episodes reaches the threshold (checked every ``log_interval``
+iterations, the same for both), or at the step budget. HalfCheetah-v4 has no threshold: the return at the budget.
+Reported per (env, algo, library): median over seeds of env steps and wall seconds to the threshold, steps/s, and
+the final return; the curves (env steps, wall seconds, mean return of the last 100 episodes) go to the JSON too.
+
+``learning``: fastrl alone at the rl-baselines3-zoo's step budgets, beside the zoo's published score
+(``ZOO``: deterministic evaluation of one trained agent). fastrl reports its deterministic evaluation
+(``eval_episodes`` x ``eval_seeds``) and the training mean of the last 100 episodes.
+
+What "the same hyperparameters" means, term by term (``sb3_model``): rollout shape, epochs, minibatch size, lr and
+its linear schedule (an exact per-iteration match), gamma, GAE lambda, clip range, entropy and value coefficients,
+grad-norm clip, advantage normalisation, network sizes and activation, optimizer and its eps, observation and
+reward normalisation (SB3 ``VecNormalize``). Two loss conventions differ and are matched by meaning, not by name:
+SB3's value loss is the plain MSE where fastrl's (CleanRL's) is 1/2 MSE, so SB3 gets ``vf_coef / 2``; and SB3 clips
+the value prediction (``clip_range_vf``) where fastrl takes the max of clipped and unclipped losses.
+Wall time: SB3 from ``learn()``'s start; fastrl from ``time/elapsed_s`` in metrics.jsonl when present, else the
+running sum of its ``time/collect_s + time/update_s`` sections (model construction excluded on both sides).
+
+JSON goes to benchmarks/results/<machine-tag>/peers.json (``learning.json`` for the learning part).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import default_out, machine_info, markdown_table, package_version, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+# Gymnasium 1.x dropped LunarLander-v2; v3 is the same task with bug fixes (EnvPool has both).
+GYM_IDS = {"LunarLander-v2": "LunarLander-v3"}
+THRESHOLDS = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "LunarLander-v2": 200.0, "HalfCheetah-v4": None}
+
+# Hyperparameters per (algo, env): a tuned YAML from configs/ (or None) and overrides on top of it.
+HYPERPARAMETERS = {
+    ("ppo", "CartPole-v1"): ("configs/ppo/cartpole.yaml", {}),
+    ("ppo", "Acrobot-v1"): (None, dict(n_envs=16, n_steps=128, n_epochs=4, n_minibatches=4, lr=1e-3, gamma=0.99,
+                                       gae_lambda=0.94, ent_coef=0.0)),
+    ("ppo", "LunarLander-v2"): ("configs/ppo/lunarlander.yaml", {}),
+    ("ppo", "HalfCheetah-v4"): ("configs/ppo/mujoco.yaml", {}),
+    ("a2c", "CartPole-v1"): ("configs/a2c/cartpole.yaml", {}),
+    ("a2c", "Acrobot-v1"): (None, dict(algo="a2c", n_envs=16, ent_coef=0.0, log_interval=25)),
+    ("a2c", "LunarLander-v2"): (None, dict(algo="a2c", n_envs=8, gamma=0.995, lr=8.3e-4, ent_coef=1e-5,
+                                           log_interval=25)),
+    ("a2c", "HalfCheetah-v4"): (None, dict(algo="a2c", n_envs=8, n_steps=8, gamma=0.99, gae_lambda=0.9, lr=3e-4,
+                                           ent_coef=0.0, normalize_obs=True, normalize_reward=True, log_interval=25)),
+}
+# Step budgets of the peers part (a run stops earlier once it reaches the threshold).
+BUDGETS = {
+    "full": {("ppo", "CartPole-v1"): 200_000, ("ppo", "Acrobot-v1"): 500_000, ("ppo", "LunarLander-v2"): 2_000_000,
+             ("ppo", "HalfCheetah-v4"): 1_000_000, ("a2c", "CartPole-v1"): 500_000, ("a2c", "Acrobot-v1"): 500_000,
+             ("a2c", "LunarLander-v2"): 1_000_000, ("a2c", "HalfCheetah-v4"): 1_000_000},
+    "quick": {("ppo", "CartPole-v1"): 150_000, ("ppo", "Acrobot-v1"): 100_000, ("ppo", "LunarLander-v2"): 300_000,
+              ("ppo", "HalfCheetah-v4"): 50_000, ("a2c", "CartPole-v1"): 200_000, ("a2c", "Acrobot-v1"): 100_000,
+              ("a2c", "LunarLander-v2"): 200_000, ("a2c", "HalfCheetah-v4"): 50_000},
+}
+PROFILES = {  # envs, algos and seeds of each profile
+    "full": dict(envs=["CartPole-v1", "Acrobot-v1", "LunarLander-v2", "HalfCheetah-v4"], algos=["ppo", "a2c"], seeds=3),
+    "quick": dict(envs=["CartPole-v1", "Acrobot-v1"], algos=["ppo", "a2c"], seeds=1),
+}
+
+# rl-baselines3-zoo benchmark.md (github.com/DLR-RM/rl-baselines3-zoo, commit 0088472b): mean reward of one trained
+# agent under deterministic evaluation (stochastic for Atari), after n_timesteps of training.
+ZOO_SOURCE = "https://github.com/DLR-RM/rl-baselines3-zoo/blob/0088472b8cb622732bdbc4aa3d0d0abde86c67ed/benchmark.md"
+ZOO = {
+    ("ppo", "CartPole-v1"): dict(zoo_env="CartPole-v1", score=500.0, std=0.0, steps=100_000),
+    ("ppo", "Acrobot-v1"): dict(zoo_env="Acrobot-v1", score=-73.506, std=18.201, steps=1_000_000),
+    ("ppo", "LunarLander-v2"): dict(zoo_env="LunarLander-v2", score=242.119, std=31.823, steps=1_000_000),
+    ("ppo", "HalfCheetah-v4"): dict(zoo_env="HalfCheetah-v3", score=5819.099, std=663.530, steps=1_000_000),
+    ("a2c", "CartPole-v1"): dict(zoo_env="CartPole-v1", score=500.0, std=0.0, steps=500_000),
+    ("a2c", "Acrobot-v1"): dict(zoo_env="Acrobot-v1", score=-83.353, std=17.213, steps=500_000),
+    ("a2c", "LunarLander-v2"): dict(zoo_env="LunarLander-v2", score=155.751, std=80.419, steps=200_000),
+    ("a2c", "HalfCheetah-v4"): dict(zoo_env="HalfCheetah-v3", score=3041.174, std=157.265, steps=1_000_000),
+}
+LEARNING_PROFILES = {  # (algo, env) pairs of the learning part
+    "full": list(ZOO),
+    "quick": [("ppo", "CartPole-v1")],
+}
+QUIET = dict(device="cpu", progress=True, tensorboard=False, wandb="disabled", eval_episodes=0, checkpoint_interval=0)
+MAX_CURVE_POINTS = 400
+
+
+# ---------------------------------------------------------------------------------------------- configs
+def peer_config(algo: str, env_id: str, seed: int, total_steps: int, threshold, threads: int, progress: bool = True,
+                **extra):
+    """The fastrl Config of one run; SB3 is built from the same object (``sb3_model``)."""
+    from fastrl.config import make_config
+    yaml_path, overrides = HYPERPARAMETERS[(algo, env_id)]
+    values = {"algo": algo, **overrides, **QUIET, "env": env_id, "seed": seed, "total_steps": total_steps,
+              "torch_threads": threads, "stop_at_return": threshold or 0.0, "progress": progress, **extra}
+    return make_config(values, str(REPO / yaml_path) if yaml_path else None)
+
+
+def hyperparameters(cfg) -> dict:
+    keys = ("algo", "n_envs", "n_steps", "n_epochs", "n_minibatches", "lr", "anneal_lr", "lr_floor", "gamma",
+            "gae_lambda", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "adam_eps",
+            "optimizer", "rmsprop_alpha", "rmsprop_eps", "hidden_sizes", "activation", "normalize_obs",
+            "normalize_reward", "log_interval")
+    return {k: getattr(cfg, k) for k in keys}
+
+
+def lr_schedule(cfg, n_iterations: int):
+    """SB3 ``learning_rate(progress_remaining)`` equal to fastrl's per-iteration linear schedule.
+
+    SB3 updates progress_remaining = 1 - k/n after the k-th rollout and trains on it; fastrl trains that rollout with
+    fraction 1 - (k-1)/n. Hence the 1/n shift.
+    """
+    if not cfg.anneal_lr:
+        return cfg.lr
+    lr, floor = cfg.lr, cfg.lr_floor
+    return lambda progress: floor + min(1.0, max(progress + 1.0 / n_iterations, 0.0)) * (lr - floor)
+
+
+def sb3_env(cfg):
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
+    env = make_vec_env(GYM_IDS.get(cfg.env, cfg.env), n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv)
+    if cfg.normalize_obs or cfg.normalize_reward:  # Monitor sits inside, so episode returns stay raw
+        env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.obs_clip,
+                           clip_reward=cfg.reward_clip, gamma=cfg.gamma)
+    return env
+
+
+def sb3_model(cfg, n_iterations: int):
+    """SB3 PPO or A2C with ``cfg``'s hyperparameters (see the module docstring for the two loss conventions)."""
+    from stable_baselines3 import A2C, PPO
+    from torch import nn
+    if cfg.shared_trunk or cfg.target_kl:
+        raise ValueError("the SB3 mirror covers separate policy/value trunks and no target_kl only")
+    activation = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}[cfg.activation]
+    optimizer = cfg.optimizer if cfg.optimizer != "auto" else ("rmsprop" if cfg.algo == "a2c" else "adam")
+    if optimizer == "rmsprop":
+        opt = dict(optimizer_class=torch.optim.RMSprop,
+                   optimizer_kwargs=dict(alpha=cfg.rmsprop_alpha, eps=cfg.rmsprop_eps, weight_decay=0))
+    else:
+        opt = dict(optimizer_class=torch.optim.Adam, optimizer_kwargs=dict(eps=cfg.adam_eps))
+    policy_kwargs = dict(net_arch=dict(pi=list(cfg.hidden_sizes), vf=list(cfg.hidden_sizes)), activation_fn=activation,
+                         ortho_init=True, log_std_init=cfg.init_log_std, **opt)
+    common = dict(learning_rate=lr_schedule(cfg, n_iterations), n_steps=cfg.n_steps, gamma=cfg.gamma,
+                  gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef / 2,
+                  max_grad_norm=cfg.max_grad_norm or 1e10, normalize_advantage=cfg.norm_adv,
+                  policy_kwargs=policy_kwargs, device="cpu", verbose=0, seed=cfg.seed)
+    env = sb3_env(cfg)
+    if cfg.algo == "a2c":
+        return A2C("MlpPolicy", env, use_rms_prop=optimizer == "rmsprop", rms_prop_eps=cfg.rmsprop_eps, **common)
+    return PPO("MlpPolicy", env, batch_size=cfg.minibatch_size, n_epochs=cfg.n_epochs, clip_range=cfg.clip_coef,
+               clip_range_vf=cfg.clip_coef if cfg.clip_vloss else None, **common)
+
+
+def sb3_unavailable(env_id: str) -> str | None:
+    """Why SB3 cannot run ``env_id`` here, or None."""
+    try:
+        import stable_baselines3  # noqa: F401
+    except ImportError:
+        return "stable-baselines3 is not installed (pip install -e '.[bench]')"
+    import gymnasium
+    gym_id = GYM_IDS.get(env_id, env_id)
+    try:
+        gymnasium.make(gym_id).close()
+    except Exception as e:  # missing Box2D / MuJoCo, unknown id
+        return f"gymnasium.make({gym_id!r}) failed: {str(e).splitlines()[0]}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- curves
+def thin(curve: list, max_points: int = MAX_CURVE_POINTS) -> list:
+    """Keep at most about ``max_points`` evenly spaced points (always the first and the last)."""
+    if len(curve) <= max_points:
+        return curve
+    stride = len(curve) / max_points
+    keep = sorted({int(i * stride) for i in range(max_points)} | {len(curve) - 1})
+    return [curve[i] for i in keep]
+
+
+def fastrl_curve(rows: list) -> list:
+    """``[[env steps, wall s, mean return of the last 100 episodes or None], ...]`` from metrics.jsonl rows."""
+    curve, wall = [], 0.0
+    for row in rows:
+        if "time/elapsed_s" in row:
+            wall = row["time/elapsed_s"]
+        else:
+            wall += row.get("time/collect_s", 0.0) + row.get("time/update_s", 0.0)
+        curve.append([row["global_step"], wall, row.get("episode_return_mean")])
+    return curve
+
+
+def first_crossing(curve: list, threshold) -> tuple:
+    """(env steps, wall s) of the first point whose return reaches ``threshold``; (None, None) if none does."""
+    if threshold is None:
+        return None, None
+    for step, wall, ret in curve:
+        if ret is not None and ret >= threshold:
+            return step, wall
+    return None, None
+
+
+def summarize_run(lib: str, curve: list, threshold, wall_s: float, total_steps: int, **extra) -> dict:
+    steps_to, time_to = first_crossing(curve, threshold)
+    final = next((ret for _, _, ret in reversed(curve) if ret is not None), None)
+    return {"lib": lib, "total_steps": total_steps, "wall_time_s": wall_s, "sps": total_steps / max(wall_s, 1e-9),
+            "final_return": final, "reached": steps_to is not None, "steps_to_threshold": steps_to,
+            "time_to_threshold_s": time_to, "curve": thin(curve), **extra}
+
+
+# ---------------------------------------------------------------------------------------------- runs
+def run_fastrl(cfg) -> dict:
+    from fastrl.train import run
+    with tempfile.TemporaryDirectory(prefix="fastrl-peers-") as tmp:
+        summary = run(dataclasses.replace(cfg, run_dir=tmp))
+        rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
+    curve = fastrl_curve(rows)
+    timed_s = curve[-1][1] if curve else 0.0
+    return summarize_run("fastrl", curve, cfg.stop_at_return or None, timed_s, summary["total_steps"],
+                         loop_wall_time_s=summary["wall_time_s"], eval_return_mean=summary.get("eval_return_mean"),
+                         eval_return_std=summary.get("eval_return_std"),
+                         rollbacks=sum("events/rollback_to_step" in row for row in rows),
+                         wall_clock="time/elapsed_s" if rows and "time/elapsed_s" in rows[-1] else
+                         "sum of time/collect_s + time/update_s")
+
+
+def run_sb3(cfg) -> dict:
+    """SB3 with ``cfg``'s hyperparameters; the callback records the curve and stops at ``cfg.stop_at_return``."""
+    from stable_baselines3.common.callbacks import BaseCallback
+    from tqdm import tqdm
+
+    n_iterations = max(1, cfg.total_steps // cfg.batch_size)  # the same iterations fastrl runs
+    threshold = cfg.stop_at_return or None
+
+    class Curve(BaseCallback):
+        """Logs after each update (at the next rollout's start, and at the end), like fastrl's per-iteration log."""
+
+        def __init__(self):
+            super().__init__()
+            self.curve, self.stop, self.rollouts = [], False, 0
+
+        def _on_training_start(self):
+            self.bar = tqdm(total=n_iterations * cfg.batch_size, unit="step", unit_scale=True, dynamic_ncols=True,
+                            file=sys.stderr, mininterval=0.5, desc="sb3", disable=not cfg.progress)
+            self.start = time.perf_counter()
+
+        def _point(self):
+            wall = time.perf_counter() - self.start
+            buf = self.model.ep_info_buffer
+            ret = statistics.fmean(ep["r"] for ep in buf) if buf else None
+            self.curve.append([self.num_timesteps, wall, ret])
+            self.bar.n = self.num_timesteps
+            self.bar.set_postfix({"return": f"{ret:.4g}" if ret is not None else "nan"}, refresh=False)
+            self.bar.refresh()
+            if threshold is not None and ret is not None and ret >= threshold:
+                self.stop = True
+
+        def _on_rollout_start(self):
+            if self.num_timesteps and self.rollouts % cfg.log_interval == 0:
+                self._point()
+            self.rollouts += 1
+
+        def _on_step(self):
+            return not self.stop
+
+        def _on_training_end(self):
+            if not self.stop:
+                self._point()
+            self.bar.close()
+
+    model = sb3_model(cfg, n_iterations)
+    callback = Curve()
+    try:
+        model.learn(total_timesteps=n_iterations * cfg.batch_size, callback=callback, log_interval=None)
+    finally:
+        model.get_env().close()
+    curve = callback.curve
+    wall = curve[-1][1] if curve else 0.0
+    return summarize_run("sb3", curve, threshold, wall, curve[-1][0] if curve else 0, env_id=GYM_IDS.get(cfg.env, cfg.env))
+
+
+def median_or_none(values: list):
+    """Median where every value is known; None (not reached by enough runs) when over half are unknown."""
+    known = sorted(v for v in values if v is not None)
+    if len(known) * 2 <= len(values) and len(known) < len(values):
+        return None
+    padded = known + [math.inf] * (len(values) - len(known))
+    m = statistics.median(padded)
+    return None if math.isinf(m) else m
+
+
+def aggregate(runs: list) -> dict:
+    return {"seeds": len(runs), "reached": sum(r["reached"] for r in runs),
+            "steps_to_threshold_median": median_or_none([r["steps_to_threshold"] for r in runs]),
+            "time_to_threshold_s_median": median_or_none([r["time_to_threshold_s"] for r in runs]),
+            "sps_median": statistics.median(r["sps"] for r in runs),
+            "final_return_median": median_or_none([r["final_return"] for r in runs])}
+
+
+def bench_peers(envs: list, algos: list, seeds: int, profile: str, threads: int, libs: list, max_steps: int = 0,
+                progress: bool = True) -> list:
+    cases = [(env_id, algo) for env_id in envs for algo in algos]
+    total, done, results = len(cases) * seeds * len(libs), 0, []
+    for env_id, algo in cases:
+        threshold, budget = THRESHOLDS[env_id], BUDGETS[profile][(algo, env_id)]
+        budget = min(budget, max_steps) if max_steps else budget
+        cfg0 = peer_config(algo, env_id, 1, budget, threshold, threads)
+        entry = {"env": env_id, "algo": algo, "threshold": threshold, "budget_steps": budget,
+                 "hyperparameters": hyperparameters(cfg0), "sb3_vf_coef": cfg0.vf_coef / 2, "runs": {}, "skipped": {}}
+        why = sb3_unavailable(env_id) if "sb3" in libs else None
+        if why:
+            entry["skipped"]["sb3"] = why
+        for seed in range(1, seeds + 1):
+            order = libs if seed % 2 else libs[::-1]  # alternate who goes first: load drifts on a shared machine
+            for lib in order:
+                done += 1
+                if lib in entry["skipped"]:
+                    continue
+                print(f"[peers {done}/{total}] {env_id} {algo} {lib} seed {seed} (budget {budget:,} steps"
+                      f"{'' if threshold is None else f', stop at {threshold:g}'})", file=sys.stderr, flush=True)
+                cfg = peer_config(algo, env_id, seed, budget, threshold, threads, progress)
+                run = run_fastrl(cfg) if lib == "fastrl" else run_sb3(cfg)
+                run["seed"] = seed
+                entry["runs"].setdefault(lib, []).append(run)
+                print(f"[peers {done}/{total}] -> {run['total_steps']:,} steps in {run['wall_time_s']:.1f}s, "
+                      f"{run['sps']:,.0f} steps/s, return {run['final_return']}", file=sys.stderr, flush=True)
+        entry["summary"] = {lib: aggregate(runs) for lib, runs in entry["runs"].items()}
+        results.append(entry)
+    return results
+
+
+def bench_learning(pairs: list, seeds: int, threads: int, eval_episodes: int, max_steps: int = 0,
+                   progress: bool = True) -> list:
+    results = []
+    for i, (algo, env_id) in enumerate(pairs, 1):
+        zoo = ZOO[(algo, env_id)]
+        budget = min(zoo["steps"], max_steps) if max_steps else zoo["steps"]
+        runs = []
+        for seed in range(1, seeds + 1):
+            print(f"[learning {i}/{len(pairs)}] {env_id} {algo} seed {seed}: {budget:,} steps (zoo budget "
+                  f"{zoo['steps']:,})", file=sys.stderr, flush=True)
+            cfg = peer_config(algo, env_id, seed, budget, None, threads, progress, eval_episodes=eval_episodes,
+                              eval_seeds=1)
+            run = run_fastrl(cfg)
+            run["seed"] = seed
+            runs.append(run)
+        evals = [r["eval_return_mean"] for r in runs if r["eval_return_mean"] is not None]
+        results.append({"env": env_id, "algo": algo, "budget_steps": budget, "zoo": zoo, "seeds": seeds,
+                        "eval_episodes": eval_episodes, "hyperparameters": hyperparameters(cfg),
+                        "eval_return_median": statistics.median(evals) if evals else None,
+                        "train_return_median": median_or_none([r["final_return"] for r in runs]),
+                        "runs": runs})
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _fmt(v, spec=",.0f"):
+    return "-" if v is None else format(v, spec)
+
+
+def peers_table(results: list) -> str:
+    headers = ["env", "algo", "threshold", "lib", "reached", "steps to thr. (median)", "s to thr. (median)",
+               "steps/s (median)", "final return (median)"]
+    rows = []
+    for e in results:
+        for lib, s in e["summary"].items():
+            rows.append([e["env"], e["algo"], _fmt(e["threshold"], "g"), lib, f"{s['reached']}/{s['seeds']}",
+                         _fmt(s["steps_to_threshold_median"]), _fmt(s["time_to_threshold_s_median"], ".1f"),
+                         _fmt(s["sps_median"]), _fmt(s["final_return_median"], ".1f")])
+        for lib, why in e["skipped"].items():
+            rows.append([e["env"], e["algo"], _fmt(e["threshold"], "g"), lib, "skipped", why, "", "", ""])
+    return markdown_table(headers, rows)
+
+
+def learning_table(results: list) -> str:
+    headers = ["env", "algo", "zoo score", "zoo steps", "fastrl steps", "fastrl eval (median)",
+               "fastrl train mean-100 (median)", "seeds"]
+    rows = [[e["env"] if e["zoo"]["zoo_env"] == e["env"] else f"{e['env']} (zoo: {e['zoo']['zoo_env']})", e["algo"],
+             f"{e['zoo']['score']:.1f} ± {e['zoo']['std']:.1f}", f"{e['zoo']['steps']:,}", f"{e['budget_steps']:,}",
+             _fmt(e["eval_return_median"], ".1f"), _fmt(e["train_return_median"], ".1f"), e["seeds"]] for e in results]
+    return markdown_table(headers, rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="1 seed, CartPole-v1 + Acrobot-v1, short budgets; learning: PPO CartPole only")
+    parser.add_argument("--part", choices=["peers", "learning", "all"], default="all")
+    parser.add_argument("--envs", nargs="+", default=None, choices=list(THRESHOLDS), help="peers envs (default: profile)")
+    parser.add_argument("--algos", nargs="+", default=None, choices=["ppo", "a2c"], help="algorithms (default: ppo a2c)")
+    parser.add_argument("--libs", nargs="+", default=["fastrl", "sb3"], choices=["fastrl", "sb3"])
+    parser.add_argument("--seeds", type=int, default=0, help="seeds per case (default 3 full, 1 quick)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both libraries (default 1)")
+    parser.add_argument("--eval-episodes", type=int, default=10, help="learning part: deterministic eval episodes")
+    parser.add_argument("--max-steps", type=int, default=0,
+                        help="cap every run's step budget (a smoke test; learning rows then miss the zoo's budget)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--out", default=None, help="peers JSON (default benchmarks/results/<machine>/peers.json)")
+    parser.add_argument("--learning-out", default=None,
+                        help="learning JSON (default benchmarks/results/<machine>/learning.json)")
+    args = parser.parse_args(argv)
+    profile = "quick" if args.quick else "full"
+    envs = args.envs or PROFILES[profile]["envs"]
+    algos = args.algos or PROFILES[profile]["algos"]
+    seeds = args.seeds or PROFILES[profile]["seeds"]
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*precision lowered.*")
+    common = {"machine": machine_info(), "quick": args.quick, "threads": args.threads,
+              "versions": {p: package_version(p) for p in ("fastrl", "stable_baselines3", "envpool", "gymnasium",
+                                                          "box2d", "mujoco", "torch")},
+              "command": "python -m benchmarks.peers " + " ".join(sys.argv[1:] if argv is None else argv)}
+    if args.part in ("peers", "all"):
+        started = time.perf_counter()
+        results = bench_peers(envs, algos, seeds, profile, args.threads, args.libs, args.max_steps,
+                              not args.no_progress)
+        report = {"benchmark": "peers", **common, "seeds": seeds, "results": results,
+                  "wall_time_s": time.perf_counter() - started}
+        report["machine"]["load_average_at_end"] = machine_info()["load_average_at_start"]
+        path = write_json(report, args.out or default_out("peers"))
+        print(peers_table(results))
+        print(f"\nwrote {path}")
+    if args.part in ("learning", "all"):
+        pairs = [(a, e) for a, e in LEARNING_PROFILES[profile] if a in algos]
+        started = time.perf_counter()
+        results = bench_learning(pairs, seeds, args.threads, args.eval_episodes, args.max_steps, not args.no_progress)
+        report = {"benchmark": "learning", **common, "seeds": seeds, "zoo_source": ZOO_SOURCE, "results": results,
+                  "wall_time_s": time.perf_counter() - started}
+        path = write_json(report, args.learning_out or default_out("learning"))
+        print(learning_table(results))
+        print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

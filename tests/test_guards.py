@@ -1,0 +1,131 @@
+"""Training guards: rollback on collapse, skipped non-finite updates, no poisoned checkpoints, stop-at-return."""
+import json
+
+import pytest
+import torch
+
+from fastrl.config import make_config
+from fastrl.guards import RollbackGuard, all_finite
+from fastrl.ppo import compute_advantages, ppo_update
+from fastrl.train import Trainer, _save_if_finite, run
+
+QUIET = dict(wandb="disabled", tensorboard=False, progress=False)
+
+
+def _guard(**kw):
+    args = dict(enabled=True, drop=0.1, lr_factor=0.5, max_rollbacks=2, patience=2, max_nonfinite=3)
+    args.update(kw)
+    return RollbackGuard(**args)
+
+
+def test_collapse_rolls_back_to_best_after_patience():
+    guard = _guard()
+    state = {"w": torch.tensor(0.0)}
+    for step, ret in enumerate([10.0, 50.0, 100.0], 1):
+        state = {"w": torch.tensor(ret)}
+        assert guard.observe(ret, True, 0.0, lambda: state, step) is None
+    assert guard.best_return == 100.0 and guard.best_step == 3
+    assert guard.observe(95.0, True, 0.0, lambda: state, 4) is None          # within 10%: fine
+    assert guard.observe(80.0, True, 0.0, lambda: state, 5) is None          # below, patience 1/2
+    assert guard.observe(70.0, True, 0.0, lambda: state, 6) == "collapse"    # below twice in a row
+    assert guard.best_state["w"].item() == 100.0 and guard.rollbacks == 1
+
+
+def test_collapse_needs_a_full_window_and_respects_max_rollbacks():
+    guard = _guard(max_rollbacks=1, patience=1)
+    guard.observe(100.0, True, 0.0, lambda: {}, 1)
+    assert guard.observe(10.0, False, 0.0, lambda: {}, 2) is None            # window not full yet
+    assert guard.observe(10.0, True, 0.0, lambda: {}, 3) == "collapse"
+    assert guard.observe(10.0, True, 0.0, lambda: {}, 4) is None             # max_rollbacks reached
+
+
+def test_disabled_guard_never_rolls_back_but_tracks_best():
+    guard = _guard(enabled=False, patience=1)
+    guard.observe(100.0, True, 0.0, lambda: {"x": 1}, 1)
+    assert guard.observe(1.0, True, 0.0, lambda: {}, 2) is None
+    assert guard.best_return == 100.0
+
+
+def test_negative_returns_use_the_magnitude_of_the_best():
+    guard = _guard(patience=1)
+    guard.observe(-200.0, True, 0.0, lambda: {}, 1)
+    guard.observe(-100.0, True, 0.0, lambda: {}, 2)                          # new best -100
+    assert guard.observe(-105.0, True, 0.0, lambda: {}, 3) is None           # within 10% of |-100|
+    assert guard.observe(-115.0, True, 0.0, lambda: {}, 4) == "collapse"
+
+
+def test_nonfinite_streak_triggers_rollback():
+    guard = _guard(max_nonfinite=3)
+    guard.observe(50.0, True, 0.0, lambda: {"ok": 1}, 1)
+    assert guard.observe(50.0, True, 2.0, lambda: {}, 2) is None
+    assert guard.observe(50.0, True, 0.0, lambda: {}, 3) is None             # streak broken
+    assert guard.observe(50.0, True, 1.0, lambda: {}, 4) is None
+    assert guard.observe(50.0, True, 1.0, lambda: {}, 5) is None
+    assert guard.observe(50.0, True, 4.0, lambda: {}, 6) == "nonfinite"
+
+
+def test_nan_loss_skips_the_update_and_is_counted():
+    cfg = make_config(dict(n_envs=4, n_steps=8, n_epochs=2, n_minibatches=2, **QUIET))
+    trainer = Trainer(cfg)
+    trainer.collect()
+    compute_advantages(trainer.buffer, cfg.gamma, cfg.gae_lambda)
+    trainer.buffer["value_target"][0, 0] = float("nan")
+    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    metrics = ppo_update(trainer.agent, trainer.optimizer, trainer.buffer, cfg, trainer.sample_generator)
+    # The NaN sample lands in one minibatch per epoch: those two updates are skipped, the others run.
+    assert metrics["losses/nonfinite_updates"].item() == 2
+    assert all_finite(trainer.agent)
+    trainer.buffer["value_target"].fill_(float("nan"))
+    trainer.agent.load_state_dict(before)
+    metrics = ppo_update(trainer.agent, trainer.optimizer, trainer.buffer, cfg, trainer.sample_generator)
+    assert metrics["losses/nonfinite_updates"].item() == 4
+    for key, value in trainer.agent.state_dict().items():
+        assert torch.equal(value, before[key]), f"{key} changed by a skipped update"
+
+
+def test_poisoned_weights_are_never_checkpointed(tmp_path):
+    cfg = make_config(dict(n_envs=2, n_steps=4, **QUIET))
+    trainer = Trainer(cfg)
+    _save_if_finite(trainer, tmp_path)
+    assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 1
+    with torch.no_grad():
+        next(trainer.agent.parameters()).view(-1)[0] = float("inf")
+    trainer.global_step = 99
+    _save_if_finite(trainer, tmp_path)
+    assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 1
+
+
+def test_roll_back_restores_weights_and_scales_lr():
+    cfg = make_config(dict(n_envs=2, n_steps=4, **QUIET))
+    trainer = Trainer(cfg)
+    saved = {k: {kk: vv.clone() if torch.is_tensor(vv) else vv for kk, vv in v.items()} if k == "model" else v
+             for k, v in trainer.weights_state().items()}
+    with torch.no_grad():
+        for p in trainer.agent.parameters():
+            p.add_(1.0)
+    lr_before = trainer.current_lr()
+    trainer.roll_back(saved, 0.5)
+    for key, value in trainer.agent.state_dict().items():
+        assert torch.equal(value, saved["model"][key])
+    assert trainer.current_lr() == pytest.approx(0.5 * lr_before)
+    assert trainer.env.stats.count == 0
+
+
+def test_stop_at_return_records_steps_and_time(tmp_path):
+    cfg = make_config(dict(total_steps=200_000, stop_at_return=60, eval_episodes=0, run_dir=str(tmp_path), **QUIET))
+    summary = run(cfg)
+    assert summary["reached_return"] is True
+    assert summary["episode_return_mean"] >= 60
+    assert summary["steps_to_return"] == summary["total_steps"] < 200_000
+    assert 0 < summary["time_to_return_s"] <= summary["wall_time_s"]
+    assert json.loads((tmp_path / "summary.json").read_text())["steps_to_return"] == summary["steps_to_return"]
+
+
+def test_periodic_eval_is_logged(tmp_path):
+    cfg = make_config(dict(total_steps=2048, n_envs=8, n_steps=32, eval_interval=4, eval_episodes=2, eval_seeds=2,
+                           run_dir=str(tmp_path), **QUIET))
+    run(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "eval/return_mean" in r]
+    assert [r["global_step"] for r in evals] == [1024, 2048]
+    assert all(r["eval/return_std"] >= 0 for r in evals)
