@@ -96,7 +96,8 @@ def table(rows: list, backends: list) -> str:
     headers = ["env", "n_envs", *[f"{b} steps/s" for b in backends],
                *[f"envpool / {b}" for b in backends if b != "envpool"]]
     body = [[r["env"], r["n_envs"], *[r["sps"][b]["median"] if b in r["sps"] else "skipped" for b in backends],
-             *[f"{r[f'envpool_over_{b}']:.1f}x" if f"envpool_over_{b}" in r else "-" for b in backends if b != "envpool"]]
+             *[f"{r[f'envpool_over_{b}']:.1f}x" if f"envpool_over_{b}" in r else "-"
+               for b in backends if b != "envpool"]]
             for r in rows]
     return markdown_table(headers, body)
 

@@ -3,7 +3,7 @@
     python -m benchmarks.impala_sps [--quick] [--env CartPole-v1] [--actors 1 2] [--out FILE]
 
 Each case is a real ``run_actor_learner`` run (spawned actors, shared-memory slots) on the tuned CartPole
-config's shapes (16 envs x 32 steps per rollout, one rollout per update). Rates are medians over the log
+config's shapes (16 envs x 32 steps per rollout, one rollout and one V-trace step per update). Rates are medians over the log
 intervals after the first (which holds the actors' start-up: spawning and importing torch). The queue
 columns answer "is the learner ever idle while data is waiting?": ``learner wait`` is the fraction of
 time the learner had no full slot, ``idle w/ data`` the time from a slot becoming full to the waiting
@@ -28,7 +28,7 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config({"algo": algo, "env": env, "n_actors": n_actors, "n_envs": 16, "n_steps": 32,
-                           "n_slots": 4 * n_actors, "learner_batch": 1, "sync_interval": sync_interval,
+                           "n_slots": 4 * n_actors, "learner_batch": 1, "n_minibatches": 1, "sync_interval": sync_interval,
                            "total_steps": total_steps, "lr": 1e-3, "gamma": 0.98, "log_interval": 10,
                            "eval_episodes": 0, "tensorboard": False, "wandb": "disabled", "progress": False,
                            "run_dir": tmp, "seed": 1})

@@ -93,7 +93,8 @@ def train_sps_section(report: dict) -> list:
                   markdown_table(["env", "setting", "fastrl", *backends, *[f"fastrl / {b}" for b in backends]], rows)]
     if report.get("rollout"):
         rows = [[r["env"], r["n_envs"], r["sps"]["raw_envpool"]["median"], r["sps"]["fastrl_collect"]["median"],
-                 f"{r['fastrl_over_raw']:.2f}x", f"{r['us_per_batched_step']['overhead']:.1f}"] for r in report["rollout"]]
+                 f"{r['fastrl_over_raw']:.2f}x", f"{r['us_per_batched_step']['overhead']:.1f}"]
+                for r in report["rollout"]]
         lines += ["", "Rollout only: `Trainer.collect()` against raw EnvPool stepping, median steps/s.", "",
                   markdown_table(["env", "n_envs", "raw EnvPool", "fastrl collect", "fastrl / raw",
                                   "overhead us / batched step"], rows)]
@@ -140,7 +141,8 @@ def impala_section(report: dict) -> list:
     rows = [[r["n_actors"], r["sync_interval"], r["actor_steps_per_s"], r["learner_samples_per_s"],
              f"{r['policy_lag_mean']:.2f}", f"{100 * r['learner_wait_frac']:.0f}%"] for r in report["results"]]
     return [f"IMPALA actor-learner throughput. ({_when(report)})", "",
-            markdown_table(["actors", "sync", "actor steps/s", "learner samples/s", "policy lag", "learner wait"], rows)]
+            markdown_table(["actors", "sync", "actor steps/s", "learner samples/s", "policy lag", "learner wait"],
+                           rows)]
 
 
 SECTIONS = {  # part -> (heading, builder)
@@ -329,8 +331,8 @@ def render(results_dir: Path, out: Path, machines: list | None = None) -> tuple[
             lines += [header, ""]
         plots, why = make_plots(data, results_dir / tag / "plots")
         if plots:
-            lines += ["Plots: " + ", ".join(f"[{title}]({os.path.relpath(p, out.parent)})" for title, p in plots.items()),
-                      ""]
+            links = ", ".join(f"[{title}]({os.path.relpath(p, out.parent)})" for title, p in plots.items())
+            lines += [f"Plots: {links}", ""]
             for title, p in plots.items():
                 lines += [f"![{title}]({os.path.relpath(p, out.parent)})", ""]
             all_plots += list(plots.values())

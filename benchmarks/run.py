@@ -10,7 +10,8 @@ Parts, each one script writing JSON under ``benchmarks/results/<machine-tag>/``:
   impala      IMPALA actor-learner throughput (not in the default set)         benchmarks/impala_sps.py
 No part means all but impala. ``train_sps`` is an alias of end-to-end. A part that fails is reported and the rest
 still run (exit status 1). Afterwards ``benchmarks/report.py`` rewrites benchmarks/RESULTS.md and the plots.
-``--quick`` passes each script its smoke profile (the default set takes about 10-20 minutes on a busy 2-core box).
+``--quick`` passes each script its smoke profile (peers + learning: about 5 minutes on the busy 2-core dev box;
+the whole default set was not timed there).
 """
 from __future__ import annotations
 

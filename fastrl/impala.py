@@ -11,7 +11,7 @@ episode, and V-trace's ``terminated`` / ``done`` cut the rest.
 
 Every mean is over ``valid``: auto-reset steps never reach a loss or a statistic.
 
-- ``impala_update``: the IMPALA paper's loss (one gradient step per batch with n_epochs = n_minibatches = 1):
+- ``impala_update``: the IMPALA paper's loss (one gradient step per batch with n_minibatches = 1):
   ``-rho_t * (r_t + gamma * vs_{t+1} - V(s_t)) * log pi(a_t|s_t) + vf_coef * 0.5 * (vs_t - V(s_t))^2 - ent_coef * H``.
 - ``appo_update``: V-trace once per batch with the learner's current policy, then PPO's clipped
   objective (ratio = pi / behaviour) over the V-trace advantages for ``n_epochs x n_minibatches`` steps,
@@ -72,9 +72,11 @@ def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bo
                   cfg, generator: torch.Generator | None = None) -> dict:
     """IMPALA gradient steps on a ``[T, N]`` batch; returns 0-d tensor diagnostics averaged over the steps.
 
-    ``n_epochs`` passes, each over ``n_minibatches`` shuffled groups of env columns (``[T, N / M]``, so every
-    minibatch keeps its time structure), with V-trace recomputed per minibatch from the current weights
-    (RLlib's ``num_sgd_iter``). ``n_epochs = n_minibatches = 1`` is the paper's learner: one step per batch.
+    One step per minibatch of ``n_minibatches`` shuffled groups of env columns (``[T, N / M]``, so every
+    minibatch keeps its time structure), with V-trace recomputed per minibatch from the current weights.
+    Every sample is used once: ``n_epochs`` is PPO/APPO's knob and is ignored here, because reusing a batch
+    without APPO's clipped ratio collapsed the policy (CartPole, LunarLander). ``n_minibatches = 1`` is the
+    paper's learner: one step per batch.
     Per step: one forward over (T+1) x N/M observations, one V-trace kernel, one backward, a grad-norm
     clip and an optimizer step; no host sync.
     """
@@ -82,24 +84,23 @@ def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bo
     n_envs = batch.batch_size[1]
     totals: dict = {}
     n_steps = 0
-    for _epoch in range(cfg.n_epochs):
-        order = torch.randperm(n_envs, device=bootstrap_observation.device, generator=generator)
-        for cols in order.view(cfg.n_minibatches, n_envs // cfg.n_minibatches):
-            minibatch, boot = (batch, bootstrap_observation) if cfg.n_minibatches == 1 else (batch[:, cols], bootstrap_observation[cols])
-            valid = minibatch["valid"]
-            target_logp, entropy, value = learner_forward(agent, minibatch["observation"], boot, minibatch["action"])
-            vs, pg_advantage, stats = vtrace_targets(minibatch, target_logp, value, cfg)
-            loss, step_stats = kernels.pg_loss(target_logp, pg_advantage, value[:-1], vs, entropy, valid, cfg.vf_coef,
-                                               cfg.ent_coef, normalize_advantage=cfg.norm_adv)
-            grad_norm = _step(loss, optimizer, params, cfg.max_grad_norm)
-            step_stats = {f"losses/{k}": v for k, v in step_stats.items()}
-            if grad_norm is not None:
-                step_stats["losses/grad_norm"] = grad_norm
-            step_stats["losses/explained_variance"] = explained_variance(value[:-1].detach(), vs, valid.float())
-            step_stats.update(stats)
-            for key, v in step_stats.items():
-                totals[key] = totals.get(key, 0.0) + v.detach()
-            n_steps += 1
+    order = torch.randperm(n_envs, device=bootstrap_observation.device, generator=generator)
+    for cols in order.view(cfg.n_minibatches, n_envs // cfg.n_minibatches):
+        minibatch, boot = (batch, bootstrap_observation) if cfg.n_minibatches == 1 else (batch[:, cols], bootstrap_observation[cols])
+        valid = minibatch["valid"]
+        target_logp, entropy, value = learner_forward(agent, minibatch["observation"], boot, minibatch["action"])
+        vs, pg_advantage, stats = vtrace_targets(minibatch, target_logp, value, cfg)
+        loss, step_stats = kernels.pg_loss(target_logp, pg_advantage, value[:-1], vs, entropy, valid, cfg.vf_coef,
+                                           cfg.ent_coef, normalize_advantage=cfg.norm_adv)
+        grad_norm = _step(loss, optimizer, params, cfg.max_grad_norm)
+        step_stats = {f"losses/{k}": v for k, v in step_stats.items()}
+        if grad_norm is not None:
+            step_stats["losses/grad_norm"] = grad_norm
+        step_stats["losses/explained_variance"] = explained_variance(value[:-1].detach(), vs, valid.float())
+        step_stats.update(stats)
+        for key, v in step_stats.items():
+            totals[key] = totals.get(key, 0.0) + v.detach()
+        n_steps += 1
     metrics = {k: v / n_steps for k, v in totals.items()}
     metrics["losses/n_updates"] = torch.tensor(float(n_steps))
     return metrics

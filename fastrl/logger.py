@@ -79,7 +79,10 @@ class RunLogger(NullLogger):
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        self._jsonl.close()
+        try:
+            self._jsonl.close()
+        except OSError:  # e.g. disk full on the final flush: what was written before stays whole
+            pass
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
