@@ -42,11 +42,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
-from tensordict import TensorDict
 
 from fastrl import impala
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.checkpoint import checkpoint_path, load_rng_state, rng_state, save_checkpoint
 from fastrl.config import Config, UserError
 from fastrl.distributed import resolve_device
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
@@ -513,8 +512,7 @@ class Learner:
             "normalizer": {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(),
                            "return_rms": RunningMeanStd(()).state_dict()},
             "episode_stats": self.episodes.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "sample": self.generator.get_state(),
-                    "python": list(random.getstate()[1]), "numpy": torch.from_numpy(np.random.get_state()[1].copy())},
+            "rng": rng_state(self.generator),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -522,8 +520,7 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
         self.episodes.load_state_dict(state["episode_stats"])
-        torch.set_rng_state(state["rng"]["torch"])
-        self.generator.set_state(state["rng"]["sample"])
+        load_rng_state(state["rng"], self.generator)
 
 
 # ---------------------------------------------------------------------------------------------- run

@@ -11,6 +11,9 @@ import re
 import zipfile
 from pathlib import Path
 
+import random
+
+import numpy as np
 import torch
 
 from fastrl.config import UserError
@@ -89,3 +92,19 @@ def load_checkpoint(target: str | Path) -> dict:
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise UserError(f"{path} is not a fastrl checkpoint (no model/config entries)")
     return state
+
+
+def rng_state(generator: torch.Generator) -> dict:
+    """Torch, sampling-generator, Python and NumPy RNG states as tensors and lists (weights_only-safe)."""
+    return {"torch": torch.get_rng_state(), "sample": generator.get_state(),
+            "python": list(random.getstate()[1]), "numpy": torch.from_numpy(np.random.get_state()[1].copy())}
+
+
+def load_rng_state(state: dict, generator: torch.Generator) -> None:
+    """Restore what ``rng_state`` captured."""
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["sample"])
+    version, _, gauss = random.getstate()
+    random.setstate((version, tuple(int(x) for x in state["python"]), gauss))
+    np_state = np.random.get_state()
+    np.random.set_state((np_state[0], state["numpy"].numpy().astype(np.uint32), *np_state[2:]))

@@ -65,6 +65,7 @@ class EpisodeStats:
         self.lengths = torch.zeros(window, dtype=torch.int64)
         self.window = window
         self.count = 0  # finished episodes so far
+        self.window_start = 0  # recent() only looks at episodes from here on
 
     def update(self, reward: torch.Tensor, done: torch.Tensor, valid: torch.Tensor) -> None:
         self.running_return += reward.double() * valid
@@ -80,9 +81,16 @@ class EpisodeStats:
             self.count += k
 
     def recent(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns and lengths of the last ``min(count, window)`` finished episodes."""
-        n = min(self.count, self.window)
-        return self.returns[:n], self.lengths[:n]
+        """Returns and lengths of the last ``min(count - window_start, window)`` finished episodes."""
+        n = min(self.count - self.window_start, self.window)
+        if n == self.window or (self.window_start == 0 and self.count <= self.window):
+            return self.returns[:n], self.lengths[:n]  # the whole ring, or its still-unwrapped start
+        slots = torch.arange(self.count - n, self.count) % self.window
+        return self.returns[slots], self.lengths[slots]
+
+    def restart_window(self) -> None:
+        """Forget the episodes so far for ``recent()`` (e.g. after a rollback); ``count`` keeps counting."""
+        self.window_start = self.count
 
     def summary(self) -> dict:
         returns, lengths = self.recent()

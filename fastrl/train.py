@@ -22,7 +22,8 @@ from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
 from fastrl.amp import autocast_factory, grad_scaler, maybe_compile, resolve_compile
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, save_checkpoint
+from fastrl.checkpoint import (checkpoint_path, list_checkpoints, load_checkpoint, load_rng_state, rng_state,
+                               save_checkpoint)
 from fastrl.config import Config, UserError, load_yaml, make_config, parse_cli_overrides
 from fastrl.envs import make_env
 from fastrl.evaluate import evaluate
@@ -214,8 +215,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "normalizer": self.env.state_dict(),
             "episode_stats": self.env.stats.state_dict(),
-            "rng": {"torch": torch.get_rng_state(), "sample": self.sample_generator.get_state(),
-                    "python": list(random.getstate()[1]), "numpy": torch.from_numpy(np.random.get_state()[1].copy())},
+            "rng": rng_state(self.sample_generator),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -225,13 +225,7 @@ class Trainer:
         self.lr_scale = float(state.get("lr_scale", 1.0))
         self.env.load_state_dict(state["normalizer"])
         self.env.stats.load_state_dict(state["episode_stats"])
-        rng = state["rng"]
-        torch.set_rng_state(rng["torch"])
-        self.sample_generator.set_state(rng["sample"])
-        state_py = random.getstate()
-        random.setstate((state_py[0], tuple(int(x) for x in rng["python"]), state_py[2]))
-        np_state = np.random.get_state()
-        np.random.set_state((np_state[0], rng["numpy"].numpy().astype(np.uint32), *np_state[2:]))
+        load_rng_state(state["rng"], self.sample_generator)
 
     def weights_state(self) -> dict:
         """What a rollback restores: weights, optimizer moments and observation-normalizer statistics."""
@@ -244,23 +238,23 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.env.load_state_dict(state["normalizer"])
         self.lr_scale *= lr_factor
-        self.env.stats.count = 0
+        self.env.stats.restart_window()
 
     def episode_summary(self) -> dict:
         """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures."""
         returns, lengths = self.env.stats.recent()
         full = float(returns.numel() == self.env.stats.window)
-        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full],
-                            dtype=torch.float64)
+        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full,
+                             float(self.env.stats.count)], dtype=torch.float64)
         if self.dist.enabled:
             sums = sums.to(self.device) if self.device.type == "cuda" else sums
             distributed.all_reduce_(sums)
             sums = sums.cpu()
-        total, count, length_total, full_ranks = sums.tolist()
+        total, count, length_total, full_ranks, episodes = sums.tolist()
         if count == 0:
             return {}
         return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
-                "episode_window_full": full_ranks == self.dist.world_size}
+                "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes)}
 
 
 def _install_stop_handlers(flag: dict) -> dict:

@@ -108,7 +108,7 @@ def test_roll_back_restores_weights_and_scales_lr():
     for key, value in trainer.agent.state_dict().items():
         assert torch.equal(value, saved["model"][key])
     assert trainer.current_lr() == pytest.approx(0.5 * lr_before)
-    assert trainer.env.stats.count == 0
+    assert trainer.env.stats.recent()[0].numel() == 0
 
 
 def test_stop_at_return_records_steps_and_time(tmp_path):
@@ -129,3 +129,22 @@ def test_periodic_eval_is_logged(tmp_path):
     evals = [r for r in rows if "eval/return_mean" in r]
     assert [r["global_step"] for r in evals] == [1024, 2048]
     assert all(r["eval/return_std"] >= 0 for r in evals)
+
+
+def test_episode_window_restart_keeps_counting():
+    from fastrl.envs import EpisodeStats
+    stats = EpisodeStats(1, window=4)
+
+    def finish(ret):
+        stats.update(torch.tensor([ret]), torch.tensor([True]), torch.tensor([True]))
+
+    for ret in (1.0, 2.0, 3.0):
+        finish(ret)
+    stats.restart_window()
+    assert stats.recent()[0].numel() == 0
+    finish(10.0)
+    finish(20.0)
+    assert sorted(stats.recent()[0].tolist()) == [10.0, 20.0] and stats.count == 5
+    for ret in (30.0, 40.0, 50.0):
+        finish(ret)
+    assert sorted(stats.recent()[0].tolist()) == [20.0, 30.0, 40.0, 50.0]
