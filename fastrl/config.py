@@ -36,12 +36,12 @@ ALGO_DEFAULTS = {
 
 @dataclass
 class Config:
-    """Every knob of a run. The defaults are the embedded default: PPO on CartPole-v1, tuned for wall-clock
-    time to a 475 mean return on a 2-core laptop (configs/ppo/cartpole.yaml holds the same values)."""
+    """Every knob of a run. The defaults are the embedded default: PPO on CartPole-v1, tuned to reach a 500
+    mean return reliably (3 of 3 seeds) within 120k steps on a 2-core laptop (configs/ppo/cartpole.yaml holds the same values)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id (EnvPool id, or any Gymnasium id through the fallback)")
-    n_envs: int = _f(32, "parallel environments (per rank)")
+    n_envs: int = _f(8, "parallel environments (per rank)")
     total_steps: int = _f(120_000, "environment steps to train for (all ranks together)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
@@ -72,7 +72,7 @@ class Config:
     compile: str = _f("auto", "torch.compile the rollout forward and the loss: auto (default on CUDA, off on CPU), off, "
                       "default, max-autotune", ("auto", "off", "default", "max-autotune"))
     # --- optimisation (shared by the algorithms) ---
-    n_steps: int = _f(16, "rollout length T per env per iteration")
+    n_steps: int = _f(32, "rollout length T per env per iteration")
     lr: float = _f(1e-3, "learning rate")
     anneal_lr: bool = _f(True, "anneal the learning rate linearly to lr_floor")
     lr_floor: float = _f(1e-5, "final learning rate of the linear schedule")
@@ -86,8 +86,8 @@ class Config:
     vf_coef: float = _f(0.5, "value loss coefficient")
     max_grad_norm: float = _f(0.5, "global gradient-norm clip (0 disables)")
     # --- PPO ---
-    n_epochs: int = _f(10, "PPO epochs per rollout")
-    n_minibatches: int = _f(2, "PPO minibatches per epoch")
+    n_epochs: int = _f(20, "PPO epochs per rollout")
+    n_minibatches: int = _f(1, "PPO minibatches per epoch")
     clip_coef: float = _f(0.2, "PPO surrogate clip range")
     clip_vloss: bool = _f(True, "clip the value loss around the old value")
     norm_adv: bool = _f(True, "normalize advantages per minibatch")
@@ -114,7 +114,8 @@ class Config:
     eval_interval: int = _f(0, "iterations between periodic deterministic evaluations (0 = only at the end)")
     stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
     # --- guards ---
-    rollback: bool = _f(True, "roll back to the best weights when the recent return collapses")
+    rollback: bool = _f(False, "roll back to the best weights when the return collapses (judged on the periodic "
+                               "evaluation when eval_interval > 0, else on the lagging last-100-episode mean)")
     rollback_drop: float = _f(0.1, "collapse = recent mean return this fraction of |best| below the best")
     rollback_lr_factor: float = _f(0.5, "multiply the learning rate by this at each rollback")
     max_rollbacks: int = _f(3, "at most this many rollbacks per run")

@@ -23,7 +23,12 @@ class RollbackGuard:
       ``drop`` x |best| below the best for ``patience`` checks in a row. Only full windows count, and the
       window restarts after a rollback, so the collapsed episodes do not trigger it again.
     - Non-finite: ``max_nonfinite`` iterations in a row each skipped an update for a NaN/Inf loss or gradient.
-    At most ``max_rollbacks`` rollbacks; each multiplies the LR scale by ``lr_factor``.
+    At most ``max_rollbacks`` rollbacks; each multiplies the LR scale by ``lr_factor``. ``enabled`` gates the
+    collapse rule only: the non-finite rule always applies.
+
+    The last-100-episode mean lags the policy by up to 100 episodes, so weights saved at its peak can be
+    already on the way down; periodic evaluation (when it runs) measures the weights themselves and is
+    used instead.
     """
 
     def __init__(self, enabled: bool, drop: float, lr_factor: float, max_rollbacks: int, patience: int,
@@ -64,7 +69,7 @@ class RollbackGuard:
                     reason = "collapse"
             else:
                 self._below = 0
-        if reason is None or not self.enabled or self.rollbacks >= self.max_rollbacks:
+        if reason is None or (reason == "collapse" and not self.enabled) or self.rollbacks >= self.max_rollbacks:
             if reason == "nonfinite":
                 self._nonfinite_streak = 0
             return None

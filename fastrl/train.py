@@ -329,9 +329,13 @@ def _run(cfg: Config, resume_state: dict | None, dist_info: distributed.DistInfo
                           **trainer.timer.pop()}
                 if "episode_return_mean" in recent:
                     record["charts/episodic_return"] = recent["episode_return_mean"]
-                if cfg.eval_interval and trainer.iteration % cfg.eval_interval == 0:
-                    record.update(_periodic_eval(trainer, cfg, dist_info, device))
-                reason = guard.observe(recent.get("episode_return_mean"), recent.get("episode_window_full", False),
+                if cfg.eval_interval and cfg.eval_episodes and trainer.iteration % cfg.eval_interval == 0:
+                    # Rank 0 evaluates; every rank judges the same figure, so all roll back together.
+                    record.update(distributed.broadcast_object(_periodic_eval(trainer, cfg, dist_info, device)))
+                    judged, window_full = record["eval/return_mean"], True
+                else:
+                    judged, window_full = recent.get("episode_return_mean"), recent.get("episode_window_full", False)
+                reason = guard.observe(judged, window_full,
                                        record.get("losses/nonfinite_updates", 0.0), trainer.weights_state,
                                        trainer.global_step)
                 if reason is not None:
