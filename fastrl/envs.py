@@ -266,6 +266,8 @@ class RunningMeanStd:
         self.count = torch.tensor(1e-4, dtype=torch.float64)
 
     def update(self, x: torch.Tensor) -> None:
+        if x.shape[0] == 0:  # e.g. every env on its reset step: nothing to learn, and no NaN from an empty mean
+            return
         x = x.double()
         batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
         delta = batch_mean - self.mean

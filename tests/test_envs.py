@@ -241,3 +241,21 @@ def test_continuous_action_spec_and_clipping():
         assert step.reward.shape == (2,) and torch.isfinite(step.reward).all()
     finally:
         env.close()
+
+
+def test_reward_scaling_survives_all_envs_resetting_together():
+    """All envs truncating on the same step leaves no valid reward on the next step: the statistics must
+    skip it instead of turning NaN (which would poison every later reward)."""
+    import torch
+    from fastrl.envs import BatchedEnv, NormalizedEnv
+    env = NormalizedEnv(BatchedEnv("CartPole-v1", 3, seed=0, env_kwargs={"max_episode_steps": 4}),
+                        normalize_obs=True, normalize_reward=True, gamma=0.99)
+    env.reset()
+    rewards = []
+    for t in range(12):
+        step = env.step(torch.tensor([t % 2] * 3))
+        rewards.append(step.reward)
+        assert torch.isfinite(step.observation).all()
+    assert torch.isfinite(torch.stack(rewards)).all()
+    assert torch.isfinite(env.return_rms.var) and torch.isfinite(env.return_rms.mean)
+    env.close()
