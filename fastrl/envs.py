@@ -198,6 +198,10 @@ class BatchedEnv:
             self._image_key = "image"
             height, width, channels = obs_space.spaces["image"].shape
             obs_space = obs_space.spaces["image"]
+        if getattr(obs_space, "shape", None) is None:
+            self._env.close()
+            raise UserError(f"{env_id!r} has observation space {obs_space}; fastrl handles array (Box) observations "
+                            "and MiniGrid images: wrap the env to flatten its observations")
         self.observation_shape = (channels, height, width) if self._image_key else tuple(obs_space.shape)
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
         self._game_stats = self.backend == "envpool" and is_atari(env_id)

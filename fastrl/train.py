@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         cfg, resume_state = config_from_cli(argv, prog=prog)
         summary = run(cfg, resume_state)
     except UserError as e:
-        print(f"{prog.split()[0]}: error: {e}", file=sys.stderr)
+        print(f"fastrl: error: {e}", file=sys.stderr)
         return 2
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}

@@ -259,3 +259,15 @@ def test_reward_scaling_survives_all_envs_resetting_together():
     assert torch.isfinite(torch.stack(rewards)).all()
     assert torch.isfinite(env.return_rms.var) and torch.isfinite(env.return_rms.mean)
     env.close()
+
+
+def test_unsupported_spaces_are_user_errors():
+    import gymnasium
+    import pytest
+    from fastrl.config import UserError
+    from fastrl.envs import BatchedEnv, _action_spec
+    with pytest.raises(UserError, match="action space .* is not supported"):
+        _action_spec(gymnasium.spaces.MultiDiscrete([2, 3]))
+    # Gymnasium's Blackjack observes a Tuple: refused with a one-line error, not a crash.
+    with pytest.raises(UserError, match="observation space Tuple"):
+        BatchedEnv("Blackjack-v1", 2, seed=0, backend="gymnasium")
