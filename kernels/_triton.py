@@ -261,12 +261,41 @@ def _dtypes(*xs):
     return torch.float32, tl.float32
 
 
+def _finish_loss(ctx, part, norm, g_logp, g_value, logp, value, entropy, valid, ent_coef, vf_coef):
+    """Shared end of the fused loss forwards: reduce the per-block partial sums, save what backward needs.
+
+    ``part`` holds per-block sums of (policy loss, value loss, entropy); ``g_logp``/``g_value`` are the
+    per-sample gradients of the loss w.r.t. logp and value, written by the kernel.
+    """
+    n, dtype = logp.numel(), part.dtype
+    stats = part.sum(0) / norm[0]
+    loss = stats[0] - ent_coef * stats[2] + vf_coef * stats[1]
+    ent_grad = None
+    if entropy is not None:
+        w = torch.ones(n, dtype=dtype, device=logp.device) if valid is None else valid.reshape(-1).to(dtype)
+        ent_grad = (-ent_coef) * w / norm[0]
+    ctx.save_for_backward(g_logp, g_value, ent_grad)
+    ctx.meta = (logp.shape, logp.dtype, value.dtype, None if entropy is None else entropy.dtype)
+    ctx.mark_non_differentiable(stats)
+    return loss, stats
+
+
+def _loss_backward(ctx, grad_loss):
+    """Gradients for (logp, value, entropy): one multiply each of the saved per-sample gradients."""
+    g_logp, g_value, ent_grad = ctx.saved_tensors
+    shape, logp_dtype, value_dtype, ent_dtype = ctx.meta
+    d_logp = (grad_loss * g_logp).reshape(shape).to(logp_dtype)
+    d_value = (grad_loss * g_value).reshape(shape).to(value_dtype)
+    d_ent = None if ent_grad is None else (grad_loss * ent_grad).reshape(shape).to(ent_dtype)
+    return d_logp, d_value, d_ent
+
+
 class _PPOLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, new_logp, new_value, entropy, old_logp, advantage, old_value, value_target, valid,
                 clip_coef, vf_coef, ent_coef, clip_vloss, vf_clip, normalize):
         dtype, cdt = _dtypes(new_logp, new_value, entropy, old_logp, advantage, old_value, value_target)
-        shape, n = new_logp.shape, new_logp.numel()
+        n = new_logp.numel()
         flat = [_flat(x) for x in (new_logp, old_logp, advantage, new_value, old_value, value_target, entropy)]
         valid_flat = None if valid is None else valid.reshape(-1).view(torch.uint8)
         norm = _norm_stats(flat[2], valid_flat, n, normalize, dtype, cdt)
@@ -282,32 +311,18 @@ class _PPOLoss(torch.autograd.Function):
                 HAS_VALID=valid_flat is not None, HAS_ENT=entropy is not None, NORMALIZE=normalize,
                 CLIP_VLOSS=clip_vloss, BLOCK=LOSS_BLOCK, CDT=cdt,
             )
-        stats = part.sum(0) / norm[0]
-        loss = stats[0] - ent_coef * stats[2] + vf_coef * stats[1]
-        ent_grad = None
-        if entropy is not None:
-            w = torch.ones(n, dtype=dtype, device=new_logp.device) if valid is None else valid.reshape(-1).to(dtype)
-            ent_grad = (-ent_coef) * w / norm[0]
-        ctx.save_for_backward(g_logp, g_value, ent_grad)
-        ctx.meta = (shape, new_logp.dtype, new_value.dtype, None if entropy is None else entropy.dtype)
-        ctx.mark_non_differentiable(stats)
-        return loss, stats
+        return _finish_loss(ctx, part, norm, g_logp, g_value, new_logp, new_value, entropy, valid, ent_coef, vf_coef)
 
     @staticmethod
     def backward(ctx, grad_loss, grad_stats):
-        g_logp, g_value, ent_grad = ctx.saved_tensors
-        shape, logp_dtype, value_dtype, ent_dtype = ctx.meta
-        d_logp = (grad_loss * g_logp).reshape(shape).to(logp_dtype)
-        d_value = (grad_loss * g_value).reshape(shape).to(value_dtype)
-        d_ent = None if ent_grad is None else (grad_loss * ent_grad).reshape(shape).to(ent_dtype)
-        return (d_logp, d_value, d_ent) + (None,) * 11
+        return _loss_backward(ctx, grad_loss) + (None,) * 11
 
 
 class _PGLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logp, value, entropy, advantage, value_target, valid, vf_coef, ent_coef, normalize):
         dtype, cdt = _dtypes(logp, value, entropy, advantage, value_target)
-        shape, n = logp.shape, logp.numel()
+        n = logp.numel()
         flat = [_flat(x) for x in (logp, advantage, value, value_target, entropy)]
         valid_flat = None if valid is None else valid.reshape(-1).view(torch.uint8)
         norm = _norm_stats(flat[1], valid_flat, n, normalize, dtype, cdt)
@@ -322,25 +337,11 @@ class _PGLoss(torch.autograd.Function):
                 HAS_VALID=valid_flat is not None, HAS_ENT=entropy is not None, NORMALIZE=normalize,
                 BLOCK=LOSS_BLOCK, CDT=cdt,
             )
-        stats = part.sum(0) / norm[0]
-        loss = stats[0] - ent_coef * stats[2] + vf_coef * stats[1]
-        ent_grad = None
-        if entropy is not None:
-            w = torch.ones(n, dtype=dtype, device=logp.device) if valid is None else valid.reshape(-1).to(dtype)
-            ent_grad = (-ent_coef) * w / norm[0]
-        ctx.save_for_backward(g_logp, g_value, ent_grad)
-        ctx.meta = (shape, logp.dtype, value.dtype, None if entropy is None else entropy.dtype)
-        ctx.mark_non_differentiable(stats)
-        return loss, stats
+        return _finish_loss(ctx, part, norm, g_logp, g_value, logp, value, entropy, valid, ent_coef, vf_coef)
 
     @staticmethod
     def backward(ctx, grad_loss, grad_stats):
-        g_logp, g_value, ent_grad = ctx.saved_tensors
-        shape, logp_dtype, value_dtype, ent_dtype = ctx.meta
-        d_logp = (grad_loss * g_logp).reshape(shape).to(logp_dtype)
-        d_value = (grad_loss * g_value).reshape(shape).to(value_dtype)
-        d_ent = None if ent_grad is None else (grad_loss * ent_grad).reshape(shape).to(ent_dtype)
-        return (d_logp, d_value, d_ent) + (None,) * 6
+        return _loss_backward(ctx, grad_loss) + (None,) * 6
 
 
 _PPO_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac")
