@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,7 +186,9 @@ class BatchedEnv:
             if num_threads:
                 env_kwargs["num_threads"] = num_threads
             try:
-                self._env = envpool.make(env_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+                with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every build
+                    warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
+                    self._env = envpool.make(env_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
             obs_space, act_space = self._env.observation_space, self._env.action_space
