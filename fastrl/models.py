@@ -117,16 +117,12 @@ class ActorCritic(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- pixel encoders
-class NatureCNN(nn.Module):
-    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, then a 512 fc; ReLU. ``[B, C, 84, 84] -> [B, 512]``."""
+class _ConvEncoder(nn.Module):
+    """A conv trunk (ending in Flatten) and a ReLU fc of ``features``; the fc's input size is probed once."""
 
-    def __init__(self, obs_shape: tuple, features: int = 512):
+    def __init__(self, convs: nn.Sequential, obs_shape: tuple, features: int):
         super().__init__()
-        channels = obs_shape[0]
-        self.convs = nn.Sequential(
-            orthogonal_init(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
-            orthogonal_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            orthogonal_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        self.convs = convs
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
         self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
@@ -134,6 +130,16 @@ class NatureCNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.convs(x))
+
+
+class NatureCNN(_ConvEncoder):
+    """Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1, then a 512 fc; ReLU. ``[B, C, 84, 84] -> [B, 512]``."""
+
+    def __init__(self, obs_shape: tuple, features: int = 512):
+        super().__init__(nn.Sequential(
+            orthogonal_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten()), obs_shape, features)
 
 
 class _ResidualBlock(nn.Module):
@@ -146,44 +152,28 @@ class _ResidualBlock(nn.Module):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
-class ImpalaResNet(nn.Module):
+class ImpalaResNet(_ConvEncoder):
     """Espeholt et al. (2018): 3 stacks of (conv 3x3, max-pool 3x3/2, 2 residual blocks), channels 16/32/32,
     then ReLU and a 256 fc. ``[B, C, H, W] -> [B, 256]``."""
 
     def __init__(self, obs_shape: tuple, channels=(16, 32, 32), features: int = 256):
-        super().__init__()
         layers, in_ch = [], obs_shape[0]
         for out_ch in channels:
             layers += [nn.Conv2d(in_ch, out_ch, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                        _ResidualBlock(out_ch), _ResidualBlock(out_ch)]
             in_ch = out_ch
-        self.stacks = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
-        self.out_dim = features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.stacks(x))
+        super().__init__(nn.Sequential(*layers, nn.ReLU(), nn.Flatten()), obs_shape, features)
 
 
-class MiniGridCNN(nn.Module):
+class MiniGridCNN(_ConvEncoder):
     """Small grids (MiniGrid's 7x7 view): 16/32/64 channels of 2x2 convs with one 2x2 max-pool, then a 64 fc.
     Cheap enough to learn on a CPU in CI. ``[B, 3, 7, 7] -> [B, 64]``."""
 
     def __init__(self, obs_shape: tuple, features: int = 64):
-        super().__init__()
-        self.convs = nn.Sequential(
+        super().__init__(nn.Sequential(
             orthogonal_init(nn.Conv2d(obs_shape[0], 16, 2)), nn.ReLU(), nn.MaxPool2d(2),
             orthogonal_init(nn.Conv2d(16, 32, 2)), nn.ReLU(),
-            orthogonal_init(nn.Conv2d(32, 64, 2)), nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Sequential(orthogonal_init(nn.Linear(flat, features)), nn.ReLU())
-        self.out_dim = features
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.convs(x))
+            orthogonal_init(nn.Conv2d(32, 64, 2)), nn.ReLU(), nn.Flatten()), obs_shape, features)
 
 
 ENCODERS = {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minigrid_cnn": MiniGridCNN}

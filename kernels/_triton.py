@@ -143,25 +143,35 @@ def _moments_kernel(adv_ptr, valid_ptr, part_ptr, n, HAS_VALID: tl.constexpr, BL
 
 
 @triton.jit
+def _loss_block(adv_ptr, valid_ptr, norm_ptr, n, HAS_VALID: tl.constexpr, NORMALIZE: tl.constexpr,
+                BLOCK: tl.constexpr, CDT: tl.constexpr):
+    """This program's offsets, mask, validity weights, per-sample mean weight and (normalized) advantages.
+
+    ``norm_ptr`` holds (valid count, advantage mean, 1 / (advantage std + eps)).
+    """
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    if HAS_VALID:
+        w = tl.load(valid_ptr + offs, mask=m, other=0).to(CDT)
+    else:
+        w = m.to(CDT)
+    scale = w / tl.load(norm_ptr + 0)
+    adv = tl.load(adv_ptr + offs, mask=m, other=0.0).to(CDT)
+    if NORMALIZE:
+        adv = (adv - tl.load(norm_ptr + 1)) * tl.load(norm_ptr + 2)
+    return offs, m, w, scale, adv
+
+
+@triton.jit
 def _ppo_kernel(new_logp_ptr, old_logp_ptr, adv_ptr, new_v_ptr, old_v_ptr, tgt_ptr, ent_ptr, valid_ptr,
                 norm_ptr, part_ptr, g_logp_ptr, g_value_ptr,
                 n, clip_coef, vf_coef, vf_clip,
                 HAS_VALID: tl.constexpr, HAS_ENT: tl.constexpr, NORMALIZE: tl.constexpr,
                 CLIP_VLOSS: tl.constexpr, BLOCK: tl.constexpr, CDT: tl.constexpr):
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    count = tl.load(norm_ptr + 0)
-    if HAS_VALID:
-        w = tl.load(valid_ptr + offs, mask=m, other=0).to(CDT)
-    else:
-        w = m.to(CDT)
-    scale = w / count
+    offs, m, w, scale, adv = _loss_block(adv_ptr, valid_ptr, norm_ptr, n, HAS_VALID, NORMALIZE, BLOCK, CDT)
     new_logp = tl.load(new_logp_ptr + offs, mask=m, other=0.0).to(CDT)
     old_logp = tl.load(old_logp_ptr + offs, mask=m, other=0.0).to(CDT)
-    adv = tl.load(adv_ptr + offs, mask=m, other=0.0).to(CDT)
-    if NORMALIZE:
-        adv = (adv - tl.load(norm_ptr + 1)) * tl.load(norm_ptr + 2)
     logratio = new_logp - old_logp
     ratio = tl.exp(logratio)
     lo = 1.0 - clip_coef
@@ -211,18 +221,8 @@ def _pg_kernel(logp_ptr, adv_ptr, v_ptr, tgt_ptr, ent_ptr, valid_ptr, norm_ptr, 
                HAS_VALID: tl.constexpr, HAS_ENT: tl.constexpr, NORMALIZE: tl.constexpr,
                BLOCK: tl.constexpr, CDT: tl.constexpr):
     pid = tl.program_id(0)
-    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    count = tl.load(norm_ptr + 0)
-    if HAS_VALID:
-        w = tl.load(valid_ptr + offs, mask=m, other=0).to(CDT)
-    else:
-        w = m.to(CDT)
-    scale = w / count
+    offs, m, w, scale, adv = _loss_block(adv_ptr, valid_ptr, norm_ptr, n, HAS_VALID, NORMALIZE, BLOCK, CDT)
     logp = tl.load(logp_ptr + offs, mask=m, other=0.0).to(CDT)
-    adv = tl.load(adv_ptr + offs, mask=m, other=0.0).to(CDT)
-    if NORMALIZE:
-        adv = (adv - tl.load(norm_ptr + 1)) * tl.load(norm_ptr + 2)
     tl.store(g_logp_ptr + offs, -scale * adv, mask=m)
     diff = tl.load(v_ptr + offs, mask=m, other=0.0).to(CDT) - tl.load(tgt_ptr + offs, mask=m, other=0.0).to(CDT)
     tl.store(g_value_ptr + offs, scale * vf_coef * diff, mask=m)
