@@ -30,27 +30,22 @@ is all an actor needs, so actors on other hosts could later sit behind the same 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
 import random
 import signal
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
 from fastrl import impala
+from fastrl.amp import autocast_factory, grad_scaler, make_optimizer
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import checkpoint_path, load_rng_state, rng_state, save_checkpoint
-from fastrl.config import Config, UserError
-from fastrl.distributed import resolve_device
+from fastrl.checkpoint import load_rng_state, rng_state
+from fastrl.config import Config
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
-from fastrl.evaluate import evaluate
-from fastrl.logger import RunLogger
 from fastrl.models import make_agent
 
 START_METHOD = "spawn"
@@ -58,11 +53,11 @@ FREE, FILLING, FULL = 0, 1, 2
 # control words (int64, learner-written): stop flag, weights seqlock counter, published policy version
 STOP, SEQ, VERSION = 0, 1, 2
 # per-actor statistics (float64, actor-written): env steps, rollouts, seconds waiting for a free slot,
-# seconds in env.step, seconds in the policy forward, a heartbeat (monotonic time of the last rollout)
+# seconds in env.step, seconds in the policy forward, a heartbeat (monotonic time of the last sign of life: every
+# env step and every poll while waiting; the pool sets it when it starts the actor)
 A_STEPS, A_ROLLOUTS, A_WAIT, A_ENV, A_POLICY, A_BEAT = range(6)
 POLL_S = 0.0005
 AUTO_SYNC_STEPS = 10_000
-EXTRA_KEYS = ("episode_return", "episode_length")
 
 
 def actor_env_seed(run_seed: int, actor_id: int, restart: int, n_actors: int, n_envs: int) -> int:
@@ -74,19 +69,22 @@ def actor_env_seed(run_seed: int, actor_id: int, restart: int, n_actors: int, n_
 class SlotRing:
     """``n_slots`` preallocated ``[T, N]`` rollouts in shared memory and their per-slot bookkeeping.
 
-    ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer`` plus
-    ``episode_return`` / ``episode_length`` (set on the step that ends an episode, else 0);
+    ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer``;
     ``bootstrap_observation [K, N, *obs]`` is obs[T], the observation after the last step.
+    ``episode_return`` / ``episode_length [K, E]`` and ``n_episodes [K]``: the episodes the actor's env finished
+    during the slot's rollout, as its ``EpisodeStats`` counts them (Atari: the real game score over all lives);
+    the last ``min(n, E)`` are kept, ``E`` = the statistics window.
     ``version [K]``: the policy version that produced the slot. ``full_time [K]``: monotonic time it was committed.
     """
 
     def __init__(self, n_slots: int, n_actors: int, n_steps: int, n_envs: int, obs_shape: tuple,
-                 obs_dtype: torch.dtype, action_spec):
+                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100):
         one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec).exclude("advantage", "value_target")
-        one["episode_return"] = torch.zeros(n_steps, n_envs, dtype=torch.float32)
-        one["episode_length"] = torch.zeros(n_steps, n_envs, dtype=torch.int32)
         self.rollout = one.expand(n_slots, n_steps, n_envs).clone().share_memory_()
         self.bootstrap_observation = torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype).share_memory_()
+        self.episode_return = torch.zeros(n_slots, episode_capacity, dtype=torch.float64).share_memory_()
+        self.episode_length = torch.zeros(n_slots, episode_capacity, dtype=torch.int64).share_memory_()
+        self.n_episodes = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
         self.state = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
         self.version = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
         self.full_time = torch.zeros(n_slots, dtype=torch.float64).share_memory_()
@@ -203,12 +201,27 @@ class WeightBoard:
 
 
 # ---------------------------------------------------------------------------------------------- actor
+def copy_new_episodes(stats: EpisodeStats, seen: int, returns: torch.Tensor, lengths: torch.Tensor) -> int:
+    """Copy the episodes ``stats`` finished after its first ``seen`` into ``returns`` / ``lengths [E]``.
+
+    Keeps the last ``min(new, E, window)`` (oldest first) and returns ``new``, the number finished.
+    """
+    new = stats.count - seen
+    k = min(new, returns.numel(), stats.window)
+    if k:
+        slots = torch.arange(stats.count - k, stats.count) % stats.window
+        returns[:k].copy_(stats.returns[slots])
+        lengths[:k].copy_(stats.lengths[slots])
+    return new
+
+
 def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard,
                stats: torch.Tensor, parent_pid: int) -> None:
     """Actor process body: fill own slots with ``[T, N]`` rollouts until told to stop or orphaned.
 
-    Per env step: one policy forward (1 thread), one env step, slice writes into the shared slot and
-    a few vectorized episode-return ops; no .item(), no per-env Python loop, no allocation of buffers.
+    Per env step: one policy forward (1 thread), one env step, slice writes into the shared slot and a heartbeat
+    write; no .item(), no per-env Python loop, no allocation of buffers. Episode statistics are the env's own
+    (``env.stats``), copied into the slot once per rollout.
     """
     stopping = {"now": False}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C hits the whole group; the learner decides
@@ -222,17 +235,14 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     agent.requires_grad_(False)
     version, seen_seq = board.pull(agent)
     my_stats = stats[actor_id].numpy()
-    T, N = cfg.n_steps, cfg.n_envs
+    T = cfg.n_steps
     views = []  # per owned slot, the tensors the rollout loop writes, looked up once
     for slot in ring.owned(actor_id):
         r = ring.rollout[slot]
         nxt = r["next"]
         views.append((slot, r["observation"], r["action"], r["sample_log_prob"], r["state_value"], r["valid"],
                       nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"], nxt["state_value"],
-                      r["episode_return"], r["episode_length"], ring.bootstrap_observation[slot]))
-    running_return = torch.zeros(N, dtype=torch.float32)
-    running_length = torch.zeros(N, dtype=torch.int32)
-    zero_f, zero_i = torch.zeros(N, dtype=torch.float32), torch.zeros(N, dtype=torch.int32)
+                      ring.bootstrap_observation[slot]))
 
     def should_stop() -> bool:
         return stopping["now"] or board.stop_requested or os.getppid() != parent_pid
@@ -243,15 +253,17 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
         with torch.no_grad():
             while not should_stop():
                 (slot, o_buf, a_buf, logp_buf, v_buf, valid_buf, r_buf, d_buf, term_buf, trunc_buf, nv_buf,
-                 ret_buf, len_buf, boot_buf) = views[turn % len(views)]
+                 boot_buf) = views[turn % len(views)]
                 wait_start = time.perf_counter()
                 while not ring.acquire(slot):
                     if should_stop():
                         return
+                    my_stats[A_BEAT] = time.monotonic()
                     time.sleep(POLL_S)
                 my_stats[A_WAIT] += time.perf_counter() - wait_start
                 if board.seq() != seen_seq:
                     version, seen_seq = board.pull(agent)
+                seen_episodes = env.stats.count
                 policy_s = env_s = 0.0
                 for t in range(T):
                     t0 = time.perf_counter()
@@ -263,30 +275,25 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
                     t1 = time.perf_counter()
                     step = env.step(action)
                     t2 = time.perf_counter()
-                    done = step.done
                     r_buf[t].copy_(step.reward)
-                    d_buf[t].copy_(done)
+                    d_buf[t].copy_(step.done)
                     term_buf[t].copy_(step.terminated)
                     trunc_buf[t].copy_(step.truncated)
                     valid_buf[t].copy_(step.valid)
-                    running_return.add_(step.reward * step.valid)
-                    running_length.add_(step.valid)
-                    torch.where(done, running_return, zero_f, out=ret_buf[t])
-                    torch.where(done, running_length, zero_i, out=len_buf[t])
-                    running_return.masked_fill_(done, 0.0)
-                    running_length.masked_fill_(done, 0)
                     obs = step.observation
                     policy_s += t1 - t0
                     env_s += t2 - t1
+                    my_stats[A_BEAT] = time.monotonic()
                 nv_buf[:-1].copy_(v_buf[1:])  # behaviour values; the learner recomputes its own
                 nv_buf[-1].copy_(agent.get_value(obs))
                 boot_buf.copy_(obs)
+                ring.n_episodes[slot] = copy_new_episodes(env.stats, seen_episodes, ring.episode_return[slot],
+                                                          ring.episode_length[slot])
                 ring.commit(slot, version)
-                my_stats[A_STEPS] += T * N
+                my_stats[A_STEPS] += T * cfg.n_envs
                 my_stats[A_ROLLOUTS] += 1
                 my_stats[A_ENV] += env_s
                 my_stats[A_POLICY] += policy_s
-                my_stats[A_BEAT] = time.monotonic()
                 turn += 1
     finally:
         env.close()
@@ -294,7 +301,11 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
 
 # ---------------------------------------------------------------------------------------------- pool
 class ActorPool:
-    """Starts the actors, restarts any that die, and stops them all (no orphans)."""
+    """Starts the actors, restarts any that die or hang, and stops them all (no orphans).
+
+    A hung actor (alive but silent: its heartbeat older than ``cfg.actor_timeout_s``; e.g. stopped, or stuck in
+    an env) is killed and restarted like a dead one; its half-written slots are reclaimed.
+    """
 
     def __init__(self, cfg: Config, ring: SlotRing, board: WeightBoard, max_restarts: int | None = None):
         self.cfg, self.ring, self.board = cfg, ring, board
@@ -303,6 +314,7 @@ class ActorPool:
         self.procs: list = [None] * cfg.n_actors
         self.incarnation = [0] * cfg.n_actors
         self.restarts = 0
+        self.hung_restarts = 0
         self.max_restarts = 10 * cfg.n_actors if max_restarts is None else max_restarts
         self._last_check = 0.0
 
@@ -310,6 +322,7 @@ class ActorPool:
         proc = self.ctx.Process(target=actor_main, name=f"fastrl-actor-{actor_id}", daemon=True,
                                 args=(actor_id, self.incarnation[actor_id], self.cfg, self.ring, self.board,
                                       self.stats, os.getpid()))
+        self.stats[actor_id, A_BEAT] = time.monotonic()  # start-up gets a full timeout before its first step
         # Children inherit an ignored SIGINT from birth, so a Ctrl-C during their start-up cannot kill them.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -322,19 +335,28 @@ class ActorPool:
         for actor_id in range(self.cfg.n_actors):
             self._start(actor_id)
 
+    @property
+    def started(self) -> bool:
+        return self.procs[0] is not None
+
     def pids(self) -> list:
         return [p.pid for p in self.procs if p is not None]
 
     def check(self, every_s: float = 0.2) -> int:
-        """Restart dead actors (at most every ``every_s``). Returns how many were restarted now."""
+        """Restart dead and hung actors (at most every ``every_s``). Returns how many were restarted now."""
         now = time.monotonic()
         if now - self._last_check < every_s:
             return 0
         self._last_check = now
         restarted = 0
+        beats = self.stats[:, A_BEAT].numpy()
         for actor_id, proc in enumerate(self.procs):
-            if proc.exitcode is None:
+            hung = proc.exitcode is None and now - beats[actor_id] > self.cfg.actor_timeout_s
+            if proc.exitcode is None and not hung:
                 continue
+            if hung:
+                proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
+                self.hung_restarts += 1
             proc.join()
             if self.restarts >= self.max_restarts:
                 raise RuntimeError(f"actor {actor_id} exited with code {proc.exitcode} and the restart budget "
@@ -363,24 +385,44 @@ class ActorPool:
 
 
 # ---------------------------------------------------------------------------------------------- learner
-def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.Tensor) -> None:
-    """Append finished episodes to ``stats``' ring of the last ``window`` episodes."""
+def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.Tensor, finished: int) -> None:
+    """Count ``finished`` episodes into ``stats`` and put the last of them (``returns`` / ``lengths``) in its ring."""
     k = returns.numel()
     if k:
-        slots = torch.arange(stats.count, stats.count + k) % stats.window
+        slots = torch.arange(stats.count + finished - k, stats.count + finished) % stats.window
         stats.returns[slots] = returns.double()
         stats.lengths[slots] = lengths.long()
-        stats.count += k
+    stats.count += finished
 
 
-class Learner:
-    """Owns the agent, optimizer, the ``[T, learner_batch * N]`` batch and the staleness / queue statistics."""
+class ActorLearnerTrainer:
+    """IMPALA / APPO behind the run loop's trainer interface (see ``fastrl.loop``).
 
-    def __init__(self, cfg: Config, device: torch.device, obs_shape: tuple, obs_dtype: torch.dtype, action_spec,
-                 obs_scale: float | None = None):
+    ``collect()`` takes ``learner_batch`` full slots from the actors' ring (starting the actors on first use);
+    ``update()`` runs V-trace and the algorithm's gradient steps on them through the shared optimizer step
+    (``amp.backward_step``: non-finite updates skipped, ``amp`` autocast, the configured optimizer), and
+    publishes the weights every ``sync_interval`` updates. Owns the agent, optimizer, the
+    ``[T, learner_batch * N]`` batch, the actor pool and the staleness / queue statistics.
+    """
+
+    def __init__(self, cfg: Config, device: torch.device):
         self.cfg, self.device = cfg, device
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        probe = make_env(cfg, n_envs=1)
+        obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec
+        obs_scale = getattr(probe, "obs_scale", None)
+        probe.close()
+        threads = cfg.torch_threads or (1 if device.type == "cpu" and len(obs_shape) == 1 else 0)
+        if threads:
+            torch.set_num_threads(threads)
         self.agent = make_agent(cfg, obs_shape, action_spec, obs_scale).to(device)
-        self.optimizer = torch.optim.Adam(self.agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
+        self.optimizer = make_optimizer(cfg, self.agent.parameters())
+        self.autocast = autocast_factory(device, cfg.amp)
+        self.scaler = grad_scaler(device, cfg.amp)
         self.obs_shape = obs_shape
         B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs
         self.batch = make_rollout_buffer(T, B * N, obs_shape, obs_dtype, action_spec, device).exclude(
@@ -391,8 +433,6 @@ class Learner:
         if cfg.max_policy_lag:  # weights must reach the actors before their rollouts all go stale
             auto = min(auto, max(1, cfg.max_policy_lag // 2))
         self.sync_interval = cfg.sync_interval or auto
-        self.board: WeightBoard | None = None
-        self.published_version = -1
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(cfg.seed * 7919)
         self.episodes = EpisodeStats(1)
@@ -400,6 +440,17 @@ class Learner:
         self.lag_totals = {"sum": 0.0, "count": 0, "max": 0, "dropped": 0}
         self.iteration = 0  # learner updates so far == the learner's policy version
         self.global_step = 0  # env steps consumed (trained on or dropped)
+        self.total_steps = cfg.total_steps
+        self.lr_scale = 1.0  # lowered by each rollback
+        self.should_stop = lambda: False
+        self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec,
+                             self.episodes.window)
+        self.board = WeightBoard(self.agent)
+        self.pool = ActorPool(cfg, self.ring, self.board)
+        self.published_version = -1
+        self.start_time = time.perf_counter()
+        self._last_actor_stats = self.pool.stats.clone()
+        self._last_log_time = self.start_time
         self.reset_interval_stats()
 
     def reset_interval_stats(self) -> None:
@@ -416,12 +467,27 @@ class Learner:
         self.board.publish(self.agent, self.iteration)
         self.published_version = self.iteration
 
+    def finished(self) -> bool:
+        return self.global_step >= self.total_steps
+
     def current_lr(self) -> float:
         cfg = self.cfg
         if not cfg.anneal_lr:
-            return cfg.lr
+            return cfg.lr * self.lr_scale
         frac = 1.0 - self.global_step / cfg.total_steps
-        return cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)
+        return (cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)) * self.lr_scale
+
+    def _keep_going(self) -> bool:
+        self.pool.check()
+        return not self.should_stop()
+
+    def collect(self) -> bool:
+        """Fill the batch from ``learner_batch`` full slots; False if a stop came while waiting."""
+        if not self.pool.started:
+            self.publish()
+            self.start_time = time.perf_counter()
+            self.pool.start()
+        return self.gather(self.ring, self._keep_going)
 
     def gather(self, ring: SlotRing, keep_going) -> bool:
         """Fill the batch from ``learner_batch`` full slots (oldest first), freeing each right after the copy.
@@ -452,9 +518,10 @@ class Learner:
                 slot = int(slot)
                 self.slot_age.append(time.monotonic() - float(ring.time_np[slot]))
                 lag = self.iteration - int(ring.version_np[slot])
-                src = ring.rollout[slot]
-                done = src["next", "done"]
-                record_episodes(self.episodes, src["episode_return"][done], src["episode_length"][done])
+                finished = int(ring.n_episodes[slot])
+                kept = min(finished, ring.episode_return.shape[1])
+                record_episodes(self.episodes, ring.episode_return[slot, :kept], ring.episode_length[slot, :kept],
+                                finished)
                 self.global_step += cfg.n_steps * N
                 if cfg.max_policy_lag and lag > cfg.max_policy_lag:
                     self.dropped += 1
@@ -467,6 +534,7 @@ class Learner:
                 totals = self.lag_totals
                 totals["sum"], totals["count"], totals["max"] = totals["sum"] + lag, totals["count"] + 1, max(totals["max"], lag)
                 cols = slice(filled * N, (filled + 1) * N)
+                src = ring.rollout[slot]
                 for key in self.keys:
                     self.batch.get(key)[:, cols].copy_(src.get(key))
                 self.bootstrap_observation[cols].copy_(ring.bootstrap_observation[slot])
@@ -482,16 +550,29 @@ class Learner:
         on_device = self.device.type != "cpu"
         batch = self.batch.to(self.device, non_blocking=True) if on_device else self.batch
         boot = self.bootstrap_observation.to(self.device, non_blocking=True) if on_device else self.bootstrap_observation
-        metrics = impala.update(self.agent, self.optimizer, batch, boot, self.cfg, self.generator)
+        metrics = impala.update(self.agent, self.optimizer, batch, boot, self.cfg, self.generator,
+                                autocast=self.autocast, scaler=self.scaler)
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
+        if self.iteration % self.sync_interval == 0:
+            self.publish()
         self.update_s += time.perf_counter() - start
         return metrics
 
-    def interval_stats(self) -> dict:
+    def log_extras(self) -> dict:
+        """Queue, staleness and actor figures since the last log."""
         def mean(xs):
             return float(np.mean(xs)) if xs else 0.0
-        out = {"staleness/policy_lag_mean": mean(self.lags), "staleness/policy_lag_max": max(self.lags, default=0),
+        now = time.perf_counter()
+        dt = max(now - self._last_log_time, 1e-9)
+        actor_now = self.pool.stats.clone()
+        delta = actor_now - self._last_actor_stats
+        self._last_log_time, self._last_actor_stats = now, actor_now
+        out = {"charts/actor_sps": float(delta[:, A_STEPS].sum()) / dt,
+               "actors/restarts": self.pool.restarts, "actors/hung_restarts": self.pool.hung_restarts,
+               "queue/actor_wait_s": float(delta[:, A_WAIT].sum()),
+               "time/actor_env_s": float(delta[:, A_ENV].sum()), "time/actor_policy_s": float(delta[:, A_POLICY].sum()),
+               "staleness/policy_lag_mean": mean(self.lags), "staleness/policy_lag_max": max(self.lags, default=0),
                "staleness/dropped_rollouts": self.dropped, "queue/learner_wait_s": self.wait_s,
                "queue/learner_waits": self.waits, "queue/full_slots_at_pickup_mean": mean(self.full_at_pickup),
                "queue/slot_age_ms_mean": 1e3 * mean(self.slot_age),
@@ -501,6 +582,27 @@ class Learner:
         self.reset_interval_stats()
         return out
 
+    def episode_summary(self) -> dict:
+        """Last-100-episode figures of the episodes the actors' envs finished (the real game score on Atari)."""
+        returns, lengths = self.episodes.recent()
+        if returns.numel() == 0:
+            return {}
+        return {"episode_return_mean": returns.mean().item(), "episode_length_mean": lengths.double().mean().item(),
+                "episode_window_full": returns.numel() == self.episodes.window, "episodes": self.episodes.count}
+
+    def normalizer_state(self) -> None:
+        return None  # observation/reward normalization is refused for impala/appo (config.validate)
+
+    def summary_extras(self) -> dict:
+        actor_total = self.pool.stats.clone()
+        wall = max(time.perf_counter() - self.start_time, 1e-9)
+        lags = self.lag_totals
+        return {"actor_steps": float(actor_total[:, A_STEPS].sum()),
+                "actor_sps": float(actor_total[:, A_STEPS].sum()) / wall,
+                "actor_restarts": self.pool.restarts, "hung_actor_restarts": self.pool.hung_restarts,
+                "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
+                "dropped_rollouts": lags["dropped"]}
+
     def state_dict(self) -> dict:
         """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
         return {
@@ -508,6 +610,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "global_step": self.global_step,
             "iteration": self.iteration,
+            "lr_scale": self.lr_scale,
             "config": self.cfg.to_dict(),
             "normalizer": {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(),
                            "return_rms": RunningMeanStd(()).state_dict()},
@@ -519,125 +622,25 @@ class Learner:
         self.agent.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.lr_scale = float(state.get("lr_scale", 1.0))
         self.episodes.load_state_dict(state["episode_stats"])
         load_rng_state(state["rng"], self.generator)
+        if self.pool.started:
+            self.publish()
 
+    def weights_state(self) -> dict:
+        """What a rollback restores: weights and optimizer moments."""
+        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-# ---------------------------------------------------------------------------------------------- run
-def run_actor_learner(cfg: Config, resume_state: dict | None = None) -> dict:
-    """Train ``cfg`` (algo impala or appo) with ``n_actors`` actor processes; returns the summary.
+    def roll_back(self, state: dict, lr_factor: float) -> None:
+        """Return to ``state``, scale the LR, restart the episode window and hand the weights to the actors."""
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.lr_scale *= lr_factor
+        self.episodes.restart_window()
+        self.publish()
 
-    Writes the same run directory as PPO. SIGTERM / SIGINT stop the actors, write a final checkpoint
-    and return normally (exit code 0); no child process outlives this call.
-    """
-    from fastrl.train import _resume_run_dir, _yaml, default_run_dir
-
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
-    device = resolve_device(cfg.device)
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed % 2**32)
-    torch.manual_seed(cfg.seed)
-    probe = make_env(cfg, n_envs=1)
-    obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec
-    obs_scale = getattr(probe, "obs_scale", None)
-    probe.close()
-    threads = cfg.torch_threads or (1 if device.type == "cpu" and len(obs_shape) == 1 else 0)
-    if threads:
-        torch.set_num_threads(threads)
-    learner = Learner(cfg, device, obs_shape, obs_dtype, action_spec, obs_scale)
-    if resume_state is not None:
-        learner.load_state_dict(resume_state)
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else (_resume_run_dir(cfg.resume) if cfg.resume else default_run_dir(cfg))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(_yaml(cfg.to_dict()))
-
-    ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec)
-    board = WeightBoard(learner.agent)
-    learner.board = board
-    learner.publish()
-    pool = ActorPool(cfg, ring, board)
-    stop = {"signal": None}
-
-    def on_signal(signum, _frame):
-        stop["signal"] = signum
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    logger = None
-    start_time = time.perf_counter()
-    start_step = learner.global_step
-    try:
-        pool.start()
-        logger = RunLogger(run_dir, cfg.to_dict(), cfg.total_steps, learner.global_step, cfg.tensorboard, cfg.wandb,
-                           cfg.wandb_project, cfg.progress)
-
-        def keep_going() -> bool:
-            pool.check()
-            return stop["signal"] is None
-
-        last_time, last_step = time.perf_counter(), learner.global_step
-        last_actor = pool.stats.clone()
-        while learner.global_step < cfg.total_steps and keep_going():
-            if not learner.gather(ring, keep_going):
-                break
-            metrics = learner.update()
-            if learner.iteration % learner.sync_interval == 0:
-                learner.publish()
-            if learner.iteration % cfg.log_interval == 0 or learner.global_step >= cfg.total_steps:
-                now = time.perf_counter()
-                dt = max(now - last_time, 1e-9)
-                actor_now = pool.stats.clone()
-                delta = actor_now - last_actor
-                sps = (learner.global_step - last_step) / dt
-                interval = learner.interval_stats()
-                record = {"sps": sps, "charts/SPS": sps,
-                          "charts/actor_sps": float(delta[:, A_STEPS].sum()) / dt,
-                          "charts/learner_samples_per_s": (learner.global_step - last_step) / dt,
-                          "actors/restarts": pool.restarts,
-                          "queue/actor_wait_s": float(delta[:, A_WAIT].sum()),
-                          "time/actor_env_s": float(delta[:, A_ENV].sum()),
-                          "time/actor_policy_s": float(delta[:, A_POLICY].sum()),
-                          **interval, **learner.episodes.summary(),
-                          **{k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()}}
-                record.pop("episodes", None)
-                if "episode_return_mean" in record:
-                    record["charts/episodic_return"] = record["episode_return_mean"]
-                logger.log(record, learner.global_step)
-                logger.progress(learner.global_step, {"sps": int(sps), "return": record.get("episode_return_mean", float("nan")),
-                                                      "lag": round(interval["staleness/policy_lag_mean"], 1)})
-                last_time, last_step, last_actor = now, learner.global_step, actor_now
-                if cfg.stop_at_return and record.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
-                    break
-            if cfg.checkpoint_interval and learner.iteration % cfg.checkpoint_interval == 0:
-                save_checkpoint(learner.state_dict(), checkpoint_path(run_dir, learner.global_step), cfg.keep_checkpoints)
-        pool.stop()
-        wall_time = time.perf_counter() - start_time
-        actor_total = pool.stats.clone()
-        lags = learner.lag_totals
-        summary = {"total_steps": learner.global_step, "wall_time_s": wall_time,
-                   "sps": (learner.global_step - start_step) / max(wall_time, 1e-9),
-                   "episode_return_mean": learner.episodes.summary().get("episode_return_mean"),
-                   "iterations": learner.iteration, "stopped_by_signal": stop["signal"] is not None,
-                   "actor_steps": float(actor_total[:, A_STEPS].sum()),
-                   "actor_sps": float(actor_total[:, A_STEPS].sum()) / max(wall_time, 1e-9),
-                   "actor_restarts": pool.restarts,
-                   "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
-                   "dropped_rollouts": lags["dropped"]}
-        save_checkpoint(learner.state_dict(), checkpoint_path(run_dir, learner.global_step), cfg.keep_checkpoints)
-        if cfg.eval_episodes and stop["signal"] is None:
-            eval_returns = evaluate(learner.agent, cfg, None, cfg.eval_episodes, cfg.eval_seeds, device)
-            summary["eval_return_mean"] = eval_returns.mean().item()
-            summary["eval_return_std"] = eval_returns.std(unbiased=False).item()
-        else:
-            summary["eval_return_mean"] = None
-        summary["run_dir"] = str(run_dir)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        return summary
-    finally:
-        pool.stop()
-        if logger is not None:
-            logger.close()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    def close(self) -> None:
+        """Stop the actors (idempotent)."""
+        if self.pool.started:
+            self.pool.stop()

@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,10 +28,28 @@ def _f(default, help: str, choices=None):
 
 
 ALGOS = ("ppo", "a2c", "impala", "appo")
+ACTOR_LEARNER_ALGOS = ("impala", "appo")
 # Per-algorithm defaults, applied under the YAML file and the flags (an A2C run needs no config file).
 ALGO_DEFAULTS = {
     "a2c": dict(n_steps=5, lr=7e-4, lr_floor=1e-5, anneal_lr=True, gamma=0.99, gae_lambda=1.0, ent_coef=0.01,
                 vf_coef=0.5, max_grad_norm=0.5, n_epochs=1, n_minibatches=1, norm_adv=False, clip_vloss=False),
+}
+
+# Keys only some algorithms read: (the algorithms that read it, why the others do not, the fix). Given in a YAML
+# file or a flag with a value other than the chosen algorithm's default, such a key is refused (see make_config).
+_PPO_CLIP = ("ppo", "appo"), "{algo} has no clipped surrogate", "use --algo ppo or appo"
+_ACTOR_LEARNER = ACTOR_LEARNER_ALGOS, "{algo} runs no actor processes", "use --algo impala or appo"
+_V_TRACE = ACTOR_LEARNER_ALGOS, "{algo} has no V-trace targets", "use --algo impala or appo"
+APPLIES_TO = {
+    "clip_coef": _PPO_CLIP,
+    "clip_vloss": _PPO_CLIP,
+    "target_kl": (("ppo",), "{algo} does not stop its update early on approx_kl", "use --algo ppo"),
+    # n_minibatches applies to all (impala: env-column minibatches); a2c reads n_epochs and validate() requires 1.
+    "n_epochs": (("ppo", "appo", "a2c"), "one pass per batch; APPO reuses batches", "use --algo appo"),
+    "gae_lambda": (("ppo", "a2c"), "V-trace advantages take vtrace_lambda", "set vtrace_lambda instead"),
+    **{name: _ACTOR_LEARNER for name in ("n_actors", "n_slots", "learner_batch", "sync_interval", "max_policy_lag",
+                                         "actor_timeout_s")},
+    **{name: _V_TRACE for name in ("rho_bar", "c_bar", "vtrace_lambda")},
 }
 
 
@@ -41,11 +60,15 @@ class Config:
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id (EnvPool id, or any Gymnasium id through the fallback)")
-    n_envs: int = _f(8, "parallel environments (per rank)")
+    n_envs: int = _f(8, "parallel environments, all ranks together (split evenly across torchrun ranks unless per_rank)")
     total_steps: int = _f(120_000, "environment steps to train for (all ranks together)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
-    run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>)")
+    run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>); one that already holds a run is "
+                          "refused unless resume or overwrite is given. Never read from a YAML file")
+    overwrite: bool = _f(False, "start afresh in a run_dir that already holds a run, deleting its logs and checkpoints")
+    per_rank: bool = _f(False, "torchrun: n_envs is per rank (the global batch grows with the ranks) instead of split "
+                               "across ranks")
     torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = auto: 1, as the env workers share the cores)")
     deterministic: bool = _f(False, "use deterministic torch algorithms (slower)")
     # --- environment ---
@@ -101,6 +124,7 @@ class Config:
     rho_bar: float = _f(1.0, "impala/appo: V-trace clip of the importance weight rho")
     c_bar: float = _f(1.0, "impala/appo: V-trace clip of the trace coefficient c")
     vtrace_lambda: float = _f(1.0, "impala/appo: V-trace lambda (1 = the IMPALA paper)")
+    actor_timeout_s: float = _f(60.0, "impala/appo: an actor silent (no heartbeat) this long is killed and restarted")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
     progress: bool = _f(True, "show a progress bar")
@@ -121,7 +145,7 @@ class Config:
     max_rollbacks: int = _f(3, "at most this many rollbacks per run")
     rollback_patience: int = _f(3, "log steps in a row below the collapse line before rolling back")
     max_nonfinite_iterations: int = _f(3, "iterations in a row with skipped NaN/Inf updates before rolling back")
-    resume: str = _f("", "resume from a run directory or checkpoint file")
+    resume: str = _f("", "resume from a run directory or checkpoint file (never read from a YAML file)")
 
     # Derived sizes are computed once, here.
     @property
@@ -159,7 +183,9 @@ class Config:
                             "pick n_minibatches that divides it")
         if not self.hidden_sizes or any((not isinstance(h, int)) or h <= 0 for h in self.hidden_sizes):
             raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
-        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+        if not 0 <= self.seed < 2**32:
+            raise UserError(f"seed must be in [0, 2**32), got {self.seed}")
+        if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
             raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
         if self.algo == "a2c" and (self.n_epochs != 1 or self.n_minibatches != 1):
             raise UserError(f"a2c makes one update per rollout; set n_epochs=1 and n_minibatches=1 "
@@ -173,12 +199,12 @@ class Config:
             raise UserError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
         if self.lr_floor > self.lr:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
-        if self.algo in ("impala", "appo"):
+        if self.algo in ACTOR_LEARNER_ALGOS:
             self._validate_actor_learner()
         return self
 
     def _validate_actor_learner(self) -> None:
-        for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar"):
+        for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         for name in ("sync_interval", "max_policy_lag"):
@@ -200,12 +226,18 @@ class Config:
         if self.normalize_obs or self.normalize_reward:
             raise UserError(f"{self.algo} does not support normalize_obs/normalize_reward yet (each actor would keep "
                             "its own statistics); set both to false")
+        if self.compile not in ("auto", "off"):
+            raise UserError(f"compile={self.compile} does not apply to {self.algo} (its learner and actors run eagerly; "
+                            "auto means off there): use --compile off or auto")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# A YAML file describes an experiment, not a place: a saved config.yaml (which records these) starts a new run
+# directory instead of writing into the run it came from.
+YAML_IGNORED = ("run_dir", "resume", "overwrite")
 _TYPES = typing.get_type_hints(Config)
 
 
@@ -276,6 +308,8 @@ def make_config(overrides: dict | None = None, yaml_path: str | None = None, whe
             key = key.replace("-", "_")
             if key not in FIELDS:
                 raise _unknown_key(key, yaml_path)
+            if key in YAML_IGNORED:
+                continue
             values[key] = _coerce(key, value)
     for key, value in (overrides or {}).items():
         key = key.replace("-", "_")
@@ -283,8 +317,33 @@ def make_config(overrides: dict | None = None, yaml_path: str | None = None, whe
             raise _unknown_key(key, where)
         values[key] = _coerce(key, value)
     algo = values.get("algo", Config.algo)
+    if algo in ALGOS:
+        check_applicable(algo, values)
     values = {**ALGO_DEFAULTS.get(algo, {}), **values}
     return Config(**values).validate()
+
+
+def algo_default(algo: str, name: str):
+    """The value ``name`` takes for ``algo`` when nobody sets it: ALGO_DEFAULTS over the dataclass default."""
+    if name in ALGO_DEFAULTS.get(algo, {}):
+        return ALGO_DEFAULTS[algo][name]
+    f = FIELDS[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def check_applicable(algo: str, given: dict) -> None:
+    """Raise UserError for a given key that ``algo`` does not read, set to anything but ``algo``'s default.
+
+    ``given`` holds the keys set in a YAML file or a flag (coerced). A key at its default passes: a saved
+    config.yaml holds every key.
+    """
+    for name, value in given.items():
+        if name not in APPLIES_TO:
+            continue
+        algos, why, fix = APPLIES_TO[name]
+        if algo in algos or value == algo_default(algo, name):
+            continue
+        raise UserError(f"{name}={value} does not apply to {algo} ({why.format(algo=algo)}): drop it or {fix}")
 
 
 class _ArgParser(argparse.ArgumentParser):

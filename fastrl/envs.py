@@ -84,10 +84,10 @@ class EpisodeStats:
             running_length[finished] = 0
             self.count += finished.size
 
-    def recent(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns and lengths of the last ``min(count - window_start, window)`` finished episodes."""
-        n = min(self.count - self.window_start, self.window)
-        if n == self.window or (self.window_start == 0 and self.count <= self.window):
+    def recent(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns and lengths of the last ``min(count - window_start, window, limit)`` finished episodes."""
+        n = min(self.count - self.window_start, self.window, self.window if limit is None else limit)
+        if n == self.window or (self.window_start == 0 and self.count <= n):
             return self.returns[:n], self.lengths[:n]  # the whole ring, or its still-unwrapped start
         slots = torch.arange(self.count - n, self.count) % self.window
         return self.returns[slots], self.lengths[slots]
@@ -266,7 +266,10 @@ class BatchedEnv:
                        torch.from_numpy(truncated), torch.from_numpy(valid), torch.from_numpy(done))
 
     def close(self) -> None:
-        self._env.close()
+        """Idempotent: the run loop closes its trainer's env before the final evaluation and again on the way out."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self._env.close()
 
 
 class RunningMeanStd:

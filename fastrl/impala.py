@@ -19,16 +19,20 @@ Every mean is over ``valid``: auto-reset steps never reach a loss or a statistic
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from tensordict import TensorDict
 
 import kernels
+from fastrl.amp import backward_step
 from fastrl.buffers import iterate_minibatches
 from fastrl.ppo import explained_variance, masked_mean
 
 
-def learner_forward(agent, observation: torch.Tensor, bootstrap_observation: torch.Tensor, action: torch.Tensor):
-    """One forward over the T+1 observations ``obs[0..T]``.
+def learner_forward(agent, observation: torch.Tensor, bootstrap_observation: torch.Tensor, action: torch.Tensor,
+                    autocast=nullcontext):
+    """One forward over the T+1 observations ``obs[0..T]`` (the model under ``autocast``; outputs float32).
 
     ``observation [T, N, *obs]``, ``bootstrap_observation [N, *obs]``, ``action [T, N, ...]`` ->
     ``target_logp [T, N]``, ``entropy [T, N]``, ``value [T + 1, N]`` (differentiable).
@@ -37,7 +41,9 @@ def learner_forward(agent, observation: torch.Tensor, bootstrap_observation: tor
     obs = torch.cat([observation, bootstrap_observation.unsqueeze(0)])
     # The last row's action is a placeholder (a copy of the previous row's): its log-prob is discarded.
     act = torch.cat([action, action[-1:]])
-    _, logp, entropy, value = agent.get_action_and_value(obs.flatten(0, 1), act.flatten(0, 1))
+    with autocast():
+        _, logp, entropy, value = agent.get_action_and_value(obs.flatten(0, 1), act.flatten(0, 1))
+    logp, entropy, value = logp.float(), entropy.float(), value.float()
     return logp.view(T + 1, N)[:T], entropy.view(T + 1, N)[:T], value.view(T + 1, N)
 
 
@@ -60,16 +66,8 @@ def vtrace_targets(batch: TensorDict, target_logp: torch.Tensor, value: torch.Te
     return vs, pg_advantage, stats
 
 
-def _step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float):
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm) if max_grad_norm > 0 else None
-    optimizer.step()
-    return grad_norm
-
-
 def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bootstrap_observation: torch.Tensor,
-                  cfg, generator: torch.Generator | None = None) -> dict:
+                  cfg, generator: torch.Generator | None = None, autocast=nullcontext, scaler=None) -> dict:
     """IMPALA gradient steps on a ``[T, N]`` batch; returns 0-d tensor diagnostics averaged over the steps.
 
     One step per minibatch of ``n_minibatches`` shuffled groups of env columns (``[T, N / M]``, so every
@@ -77,25 +75,27 @@ def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bo
     Every sample is used once: ``n_epochs`` is PPO/APPO's knob and is ignored here, because reusing a batch
     without APPO's clipped ratio collapsed the policy (CartPole, LunarLander). ``n_minibatches = 1`` is the
     paper's learner: one step per batch.
-    Per step: one forward over (T+1) x N/M observations, one V-trace kernel, one backward, a grad-norm
-    clip and an optimizer step; no host sync.
+    Per step: one forward over (T+1) x N/M observations, one V-trace kernel, and ``amp.backward_step`` (backward,
+    grad-norm clip, optimizer step; a NaN/Inf loss or gradient skips the step); no host sync with fused Adam.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     n_envs = batch.batch_size[1]
     totals: dict = {}
     n_steps = 0
+    nonfinite_updates = torch.zeros((), dtype=torch.int64, device=bootstrap_observation.device)
     order = torch.randperm(n_envs, device=bootstrap_observation.device, generator=generator)
     for cols in order.view(cfg.n_minibatches, n_envs // cfg.n_minibatches):
         minibatch, boot = (batch, bootstrap_observation) if cfg.n_minibatches == 1 else (batch[:, cols], bootstrap_observation[cols])
         valid = minibatch["valid"]
-        target_logp, entropy, value = learner_forward(agent, minibatch["observation"], boot, minibatch["action"])
+        target_logp, entropy, value = learner_forward(agent, minibatch["observation"], boot, minibatch["action"],
+                                                      autocast)
         vs, pg_advantage, stats = vtrace_targets(minibatch, target_logp, value, cfg)
         loss, step_stats = kernels.pg_loss(target_logp, pg_advantage, value[:-1], vs, entropy, valid, cfg.vf_coef,
                                            cfg.ent_coef, normalize_advantage=cfg.norm_adv)
-        grad_norm = _step(loss, optimizer, params, cfg.max_grad_norm)
+        grad_norm, nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, None, scaler)
+        nonfinite_updates = nonfinite_updates + nonfinite
         step_stats = {f"losses/{k}": v for k, v in step_stats.items()}
-        if grad_norm is not None:
-            step_stats["losses/grad_norm"] = grad_norm
+        step_stats["losses/grad_norm"] = grad_norm
         step_stats["losses/explained_variance"] = explained_variance(value[:-1].detach(), vs, valid.float())
         step_stats.update(stats)
         for key, v in step_stats.items():
@@ -103,11 +103,12 @@ def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bo
         n_steps += 1
     metrics = {k: v / n_steps for k, v in totals.items()}
     metrics["losses/n_updates"] = torch.tensor(float(n_steps))
+    metrics["losses/nonfinite_updates"] = nonfinite_updates.float()  # skipped for a NaN/Inf loss or gradient
     return metrics
 
 
 def appo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bootstrap_observation: torch.Tensor, cfg,
-                generator: torch.Generator | None = None) -> dict:
+                generator: torch.Generator | None = None, autocast=nullcontext, scaler=None) -> dict:
     """APPO on a ``[T, N]`` batch: V-trace with the current learner policy, then PPO-clip minibatch steps.
 
     The ratio is pi / behaviour policy (``sample_log_prob``); value clipping (``clip_vloss``) is around
@@ -115,7 +116,8 @@ def appo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, boot
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     with torch.no_grad():
-        target_logp, _, value = learner_forward(agent, batch["observation"], bootstrap_observation, batch["action"])
+        target_logp, _, value = learner_forward(agent, batch["observation"], bootstrap_observation, batch["action"],
+                                                autocast)
     vs, pg_advantage, stats = vtrace_targets(batch, target_logp, value, cfg)
     flat = TensorDict({"observation": batch["observation"], "action": batch["action"],
                        "sample_log_prob": batch["sample_log_prob"], "valid": batch["valid"],
@@ -123,30 +125,33 @@ def appo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, boot
                       batch_size=batch.batch_size)
     totals: dict = {}
     n_steps = 0
+    nonfinite_updates = torch.zeros((), dtype=torch.int64, device=bootstrap_observation.device)
     for _epoch in range(cfg.n_epochs):
         for minibatch in iterate_minibatches(flat, cfg.n_minibatches, generator):
-            _, new_logp, entropy, new_value = agent.get_action_and_value(minibatch["observation"], minibatch["action"])
-            loss, step_stats = kernels.ppo_loss(new_logp, minibatch["sample_log_prob"], minibatch["advantage"],
-                                                new_value, minibatch["state_value"], minibatch["value_target"],
-                                                entropy, minibatch["valid"], clip_coef=cfg.clip_coef,
+            with autocast():
+                _, new_logp, entropy, new_value = agent.get_action_and_value(minibatch["observation"],
+                                                                             minibatch["action"])
+            loss, step_stats = kernels.ppo_loss(new_logp.float(), minibatch["sample_log_prob"], minibatch["advantage"],
+                                                new_value.float(), minibatch["state_value"], minibatch["value_target"],
+                                                entropy.float(), minibatch["valid"], clip_coef=cfg.clip_coef,
                                                 vf_coef=cfg.vf_coef, ent_coef=cfg.ent_coef,
                                                 clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv)
-            grad_norm = _step(loss, optimizer, params, cfg.max_grad_norm)
-            if grad_norm is not None:
-                step_stats["grad_norm"] = grad_norm
+            step_stats = dict(step_stats)
+            step_stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, None, scaler)
+            nonfinite_updates = nonfinite_updates + nonfinite
             for key, v in step_stats.items():
                 totals[key] = totals.get(key, 0.0) + v.detach()
             n_steps += 1
     metrics = {f"losses/{k}": v / n_steps for k, v in totals.items()}
     metrics["losses/explained_variance"] = explained_variance(value[:-1], vs, batch["valid"].float())
     metrics["losses/n_updates"] = torch.tensor(float(n_steps))
+    metrics["losses/nonfinite_updates"] = nonfinite_updates.float()  # skipped for a NaN/Inf loss or gradient
     metrics.update(stats)
     return metrics
 
 
 def update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bootstrap_observation: torch.Tensor, cfg,
-           generator: torch.Generator | None = None) -> dict:
+           generator: torch.Generator | None = None, autocast=nullcontext, scaler=None) -> dict:
     """Dispatch on ``cfg.algo`` ("impala" or "appo")."""
-    if cfg.algo == "appo":
-        return appo_update(agent, optimizer, batch, bootstrap_observation, cfg, generator)
-    return impala_update(agent, optimizer, batch, bootstrap_observation, cfg, generator)
+    step = appo_update if cfg.algo == "appo" else impala_update
+    return step(agent, optimizer, batch, bootstrap_observation, cfg, generator, autocast, scaler)

@@ -42,18 +42,34 @@ class RunLogger(NullLogger):
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+            # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
         self._wandb = None
         if wandb_mode != "disabled":
-            import wandb
-            os.environ.setdefault("WANDB_SILENT", "true")
-            self._wandb = wandb.init(mode=wandb_mode, project=wandb_project, dir=str(self.run_dir), config=config,
-                                     name=run_name or self.run_dir.name, reinit="finish_previous")
+            self._wandb = self._init_wandb(config, wandb_mode, wandb_project, run_name or self.run_dir.name, start_step)
         self._bar = None
         if progress:
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, dynamic_ncols=True,
                              file=sys.stderr, mininterval=0.5)
+
+    def _init_wandb(self, config: dict, mode: str, project: str, name: str, start_step: int):
+        """A fresh run logs one wandb run. A resumed one (``start_step`` > 0) continues the series: online, as a
+        fork of the previous segment at ``start_step`` (wandb keeps history append-only, so the crashed tail past
+        the checkpoint stays out of the fork); offline, as a new run in the same group named ``<run>@<step>``."""
+        import wandb
+        os.environ.setdefault("WANDB_SILENT", "true")
+        id_file = self.run_dir / "wandb" / "fastrl_run_id"
+        kwargs = dict(mode=mode, project=project, dir=str(self.run_dir), config=config, group=self.run_dir.name,
+                      name=name, reinit="finish_previous")
+        if start_step:
+            kwargs["name"] = f"{name}@{start_step}"
+            if mode == "online" and id_file.is_file():
+                kwargs["fork_from"] = f"{id_file.read_text().strip()}?_step={start_step}"
+        run = wandb.init(**kwargs)
+        id_file.parent.mkdir(parents=True, exist_ok=True)
+        id_file.write_text(run.id)
+        return run
 
     def log(self, metrics: dict, step: int) -> None:
         record = {"global_step": int(step)}

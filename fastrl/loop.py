@@ -1,0 +1,162 @@
+"""The one run loop every algorithm flows through.
+
+A trainer (``fastrl.trainer.Trainer`` for PPO/A2C, ``fastrl.actor_learner.ActorLearnerTrainer`` for IMPALA/APPO)
+brings the algorithm; the loop brings everything else, once, for all of them::
+
+    while not trainer.finished() and no stop signal:
+        trainer.collect()                  # a rollout (PPO/A2C) or a batch of actor slots (IMPALA/APPO)
+        metrics = trainer.update()         # gradient steps; non-finite ones skipped inside the optimizer step
+        every log_interval: episode stats, logging, periodic evaluation, rollback guard, stop_at_return
+        every checkpoint_interval: checkpoint (never from non-finite weights)
+    final checkpoint, final evaluation, summary.json (one schema)
+
+The trainer interface:
+- ``cfg``, ``agent`` (the ``nn.Module`` that acts and is evaluated), ``global_step`` (env steps, all ranks),
+  ``iteration`` (updates), ``total_steps`` (the budget), ``lr_scale``, ``should_stop`` (a callable the loop sets:
+  True once a stop signal came; a trainer that waits polls it);
+- ``finished()``; ``collect() -> bool`` (False: interrupted by a stop while waiting); ``update() -> dict`` of 0-d
+  tensors, with ``losses/nonfinite_updates``; ``log_extras() -> dict`` (per-interval diagnostics);
+  ``episode_summary() -> dict`` (last-100-episode figures: ``episode_return_mean``, ``episode_length_mean``,
+  ``episode_window_full``, ``episodes``); ``normalizer_state()`` (for evaluation envs, or None);
+  ``state_dict()`` / ``load_state_dict()``; ``weights_state()`` / ``roll_back(state, lr_factor)``;
+  ``summary_extras() -> dict``; ``close()`` (idempotent).
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fastrl import distributed
+from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.evaluate import evaluate
+from fastrl.guards import RollbackGuard, all_finite
+from fastrl.logger import NullLogger, RunLogger
+from fastrl.rundir import restart_count, write_config
+
+
+def install_stop_handlers(flag: dict) -> dict:
+    """SIGINT/SIGTERM set ``flag["stop"]``: the run ends after the current iteration. Returns the previous handlers."""
+    def handler(signum, _frame):
+        flag["stop"] = signum
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    for sig in previous:
+        signal.signal(sig, handler)
+    return previous
+
+
+def save_if_finite(trainer, run_dir: Path) -> bool:
+    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written."""
+    if not all_finite(trainer.agent):
+        print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
+              file=sys.stderr)
+        return False
+    save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), trainer.cfg.keep_checkpoints)
+    return True
+
+
+def evaluate_trainer(trainer, normalizer_state=None) -> dict:
+    """Deterministic evaluation on separate envs: ``eval_seeds`` x ``eval_episodes`` episodes."""
+    cfg = trainer.cfg
+    state = trainer.normalizer_state() if normalizer_state is None else normalizer_state
+    returns = evaluate(trainer.agent, cfg, state, cfg.eval_episodes, cfg.eval_seeds, trainer.device)
+    return {"eval/return_mean": returns.mean().item(), "eval/return_std": returns.std(unbiased=False).item()}
+
+
+def _plain(metrics: dict) -> dict:
+    return {k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()}
+
+
+def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
+    """Train to the end of the budget, a stop signal or ``stop_at_return``; write the run's files; return the summary."""
+    cfg = trainer.cfg
+    logger = NullLogger()
+    if dist_info.is_main:
+        write_config(run_dir, cfg)
+        logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
+                           cfg.wandb_project, cfg.progress)
+    guard = RollbackGuard(cfg.rollback, cfg.rollback_drop, cfg.rollback_lr_factor, cfg.max_rollbacks,
+                          cfg.rollback_patience, cfg.max_nonfinite_iterations)
+    threshold = None  # (steps, seconds) when stop_at_return was reached
+    stop = {"stop": None}
+    previous_handlers = install_stop_handlers(stop)
+    trainer.should_stop = lambda: stop["stop"] is not None
+    start_time = time.perf_counter()
+    start_step = trainer.global_step
+    last_log_time, last_log_step = start_time, trainer.global_step
+    try:
+        while not trainer.finished() and stop["stop"] is None:
+            if not trainer.collect():
+                break
+            metrics = trainer.update()
+            if trainer.iteration % cfg.log_interval == 0 or trainer.finished():
+                now = time.perf_counter()
+                recent = trainer.episode_summary()
+                sps = (trainer.global_step - last_log_step) / max(now - last_log_time, 1e-9)
+                last_log_time, last_log_step = now, trainer.global_step
+                record = {"sps": sps, "charts/SPS": sps, **recent, **_plain(metrics), **trainer.log_extras()}
+                if "episode_return_mean" in recent:
+                    record["charts/episodic_return"] = recent["episode_return_mean"]
+                if cfg.eval_interval and cfg.eval_episodes and trainer.iteration % cfg.eval_interval == 0:
+                    # Rank 0 evaluates; every rank judges the same figure, so all roll back together.
+                    record.update(distributed.broadcast_object(evaluate_trainer(trainer) if dist_info.is_main else {}))
+                    judged, window_full = record["eval/return_mean"], True
+                else:
+                    judged, window_full = recent.get("episode_return_mean"), recent.get("episode_window_full", False)
+                reason = guard.observe(judged, window_full, record.get("losses/nonfinite_updates", 0.0),
+                                       trainer.weights_state, trainer.global_step)
+                if reason is not None:
+                    trainer.roll_back(guard.best_state, cfg.rollback_lr_factor)
+                    record.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
+                                   "events/rollback_to_step": guard.best_step, "charts/lr_scale": trainer.lr_scale})
+                    print(f"fastrl: rollback {guard.rollbacks}/{cfg.max_rollbacks} ({reason}) to the weights of step "
+                          f"{guard.best_step}; lr scale now {trainer.lr_scale:g}", file=sys.stderr)
+                logger.log(record, trainer.global_step)
+                logger.progress(trainer.global_step, {"sps": int(sps),
+                                                      "return": recent.get("episode_return_mean", float("nan"))})
+                if cfg.stop_at_return and recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
+                    threshold = (trainer.global_step, time.perf_counter() - start_time)
+                    break
+            if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
+                save_if_finite(trainer, run_dir)
+        wall_time = time.perf_counter() - start_time
+        final_episodes = trainer.episode_summary()
+        summary = {"algo": cfg.algo, "env": cfg.env, "seed": cfg.seed,
+                   "total_steps": trainer.global_step, "wall_time_s": wall_time,
+                   "sps": (trainer.global_step - start_step) / max(wall_time, 1e-9),
+                   "episode_return_mean": final_episodes.get("episode_return_mean"),
+                   "episodes": final_episodes.get("episodes", 0),
+                   "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
+                   "resumed_from_step": start_step, "rollbacks": guard.rollbacks,
+                   "reached_return": threshold is not None,
+                   "steps_to_return": threshold[0] if threshold else None,
+                   "time_to_return_s": threshold[1] if threshold else None,
+                   "restart_count": restart_count()}
+        if dist_info.is_main:
+            save_if_finite(trainer, run_dir)
+        normalizer = trainer.normalizer_state()
+        summary.update(trainer.summary_extras())
+        trainer.close()  # IMPALA's actors stop here, so the evaluation has the cores to itself
+        summary["eval_return_mean"] = summary["eval_return_std"] = None
+        if dist_info.is_main:
+            if cfg.eval_episodes and stop["stop"] is None:
+                final_eval = evaluate_trainer(trainer, normalizer)
+                summary["eval_return_mean"] = final_eval["eval/return_mean"]
+                summary["eval_return_std"] = final_eval["eval/return_std"]
+            summary["run_dir"] = str(run_dir)
+        hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
+        if dist_info.is_main:
+            summary["world_size"] = dist_info.world_size
+            summary["param_hashes"] = hashes
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+    finally:
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+        logger.close()
+        trainer.close()

@@ -1,0 +1,278 @@
+"""The PPO / A2C trainer: a synchronous ``[T, N]`` rollout, then the algorithm's gradient steps.
+
+It implements the run loop's trainer interface (see ``fastrl.loop``): ``collect()``, ``update()``,
+``episode_summary()``, ``state_dict()`` / ``load_state_dict()``, ``weights_state()`` / ``roll_back()``, ``close()``.
+
+Under torchrun, ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank), so the
+global batch, and with it the learning, is that of one process: each rank averages its minibatch gradient with
+the others' once per minibatch, which equals the gradient of the global minibatch.
+"""
+from __future__ import annotations
+
+import random
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+from fastrl import distributed
+from fastrl.a2c import a2c_loss_terms, a2c_update
+from fastrl.amp import autocast_factory, grad_scaler, make_optimizer, maybe_compile, resolve_compile
+from fastrl.buffers import make_rollout_buffer
+from fastrl.checkpoint import load_rng_state, rng_state
+from fastrl.config import Config
+from fastrl.envs import make_env
+from fastrl.models import make_agent
+from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
+
+
+def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
+    """Base seed of this rank's envs (env i gets base + i): distinct across ranks and runs."""
+    return (run_seed * 100_003 + rank * n_envs) % (2**31 - 1)
+
+
+def rank_n_envs(cfg: Config, world_size: int) -> int:
+    """Envs on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
+    return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
+
+
+def set_torch_threads(cfg: Config, device: torch.device) -> None:
+    threads = cfg.torch_threads
+    if threads == 0 and device.type == "cpu":
+        # Small MLPs gain nothing from intra-op threads, and spinning OpenMP workers collapse
+        # throughput when the cores are shared (with EnvPool's threads, or other jobs). CNNs too: on the
+        # shared 2-core box a Nature-CNN forward of 8 frames took 5 ms on 1 thread, 300 ms on 2.
+        threads = 1
+    if threads:
+        torch.set_num_threads(threads)
+
+
+class Timer:
+    """Named wall-clock sections, summed per log interval."""
+
+    def __init__(self):
+        self.totals: dict = {}
+
+    @contextmanager
+    def section(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - start
+
+    def pop(self) -> dict:
+        out, self.totals = {f"time/{k}_s": v for k, v in self.totals.items()}, {}
+        return out
+
+
+class Trainer:
+    """Owns the env, agent, optimizer and the ``[T, N]`` buffer. ``collect()`` then ``update()`` per iteration."""
+
+    def __init__(self, cfg: Config, dist_info: distributed.DistInfo | None = None, device: torch.device | None = None):
+        self.cfg = cfg
+        self.dist = dist_info or distributed.DistInfo()
+        self.device = device or distributed.resolve_device(cfg.device)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        rank = self.dist.rank
+        random.seed(cfg.seed + rank)
+        np.random.seed((cfg.seed + rank) % 2**32)
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.n_envs = rank_n_envs(cfg, self.dist.world_size)
+        self.env = make_env(cfg, n_envs=self.n_envs, seed=env_seed(cfg.seed, rank, self.n_envs))
+        set_torch_threads(cfg, self.device)
+        self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec, self.env.obs_scale,
+                                channels_last=self.device.type == "cuda").to(self.device)
+        distributed.broadcast_module_(self.agent)
+        self.optimizer = make_optimizer(cfg, self.agent.parameters())
+        self.params = list(self.agent.parameters())
+        self._build_step_functions()
+        self.buffer = make_rollout_buffer(cfg.n_steps, self.n_envs, self.env.observation_shape,
+                                          self.env.observation_dtype, self.env.action_spec, self.device)
+        self.sample_generator = torch.Generator(device=self.device)
+        self.sample_generator.manual_seed(cfg.seed * 7919 + rank)
+        torch.manual_seed(cfg.seed * 31 + rank)  # per-rank action sampling
+        self.steps_per_iteration = self.n_envs * cfg.n_steps * self.dist.world_size
+        self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
+        self.total_steps = self.n_iterations * self.steps_per_iteration
+        self.iteration = 0
+        self.global_step = 0
+        self.lr_scale = 1.0  # lowered by each rollback
+        self.timer = Timer()
+        self.next_obs = self.env.reset()
+        # Views on the buffer's storage, looked up once for the rollout loop.
+        buf = self.buffer
+        self._obs, self._action = buf["observation"], buf["action"]
+        self._logp, self._value, self._valid = buf["sample_log_prob"], buf["state_value"], buf["valid"]
+        nxt = buf["next"]
+        self._reward, self._done = nxt["reward"], nxt["done"]
+        self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
+
+    def _build_step_functions(self) -> None:
+        """The rollout forward and the loss, under ``cfg.amp`` autocast and (maybe) ``torch.compile``.
+
+        Shapes are static (``[n_envs]`` in the rollout, fixed minibatch sizes in the update) and the learning rate
+        lives in the optimizer, outside the compiled graphs, so nothing recompiles after the first iteration.
+        """
+        cfg, agent = self.cfg, self.agent
+        self.autocast = autocast_factory(self.device, cfg.amp)
+        self.scaler = grad_scaler(self.device, cfg.amp)
+        self.compile_mode = resolve_compile(cfg.compile, self.device)
+        autocast = self.autocast
+
+        def policy_step(obs):
+            with autocast():
+                return agent.get_action_and_value(obs)
+
+        def bootstrap_value(obs):
+            with autocast():
+                return agent.get_value(obs)
+
+        loss_terms = a2c_loss_terms if cfg.algo == "a2c" else ppo_loss_terms
+
+        def loss_fn(*tensors):
+            return loss_terms(agent, cfg, *tensors, autocast=autocast)
+
+        mode = self.compile_mode
+        self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
+        self.bootstrap_value = maybe_compile(bootstrap_value, mode, "the bootstrap value forward")
+        self.loss_fn = maybe_compile(loss_fn, mode, f"the {cfg.algo} loss")
+
+    # ------------------------------------------------------------------ hot path
+    def finished(self) -> bool:
+        return self.iteration >= self.n_iterations
+
+    def collect(self) -> bool:
+        """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
+        with self.timer.section("collect"), torch.no_grad():
+            self._collect()
+        return True
+
+    def _collect(self) -> None:
+        policy_step, env, device = self.policy_step, self.env, self.device
+        obs = self.next_obs
+        for t in range(self.cfg.n_steps):
+            with self.timer.section("policy"):
+                action, logp, _, value = policy_step(obs.to(device, non_blocking=True))
+                self._obs[t].copy_(obs)
+                self._action[t].copy_(action)
+                self._logp[t].copy_(logp)
+                self._value[t].copy_(value)
+                action_cpu = action.cpu()
+            with self.timer.section("env"):
+                step = env.step(action_cpu)
+            self._reward[t].copy_(step.reward)
+            self._terminated[t].copy_(step.terminated)
+            self._truncated[t].copy_(step.truncated)
+            self._done[t].copy_(step.done)
+            self._valid[t].copy_(step.valid)
+            obs = step.observation
+        with self.timer.section("policy"):
+            # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
+            self._next_value[:-1].copy_(self._value[1:])
+            self._next_value[-1].copy_(self.bootstrap_value(obs.to(device, non_blocking=True)))
+        self.next_obs = obs
+        self.global_step += self.steps_per_iteration
+
+    def current_lr(self) -> float:
+        cfg = self.cfg
+        if not cfg.anneal_lr:
+            return cfg.lr * self.lr_scale
+        frac = 1.0 - self.iteration / self.n_iterations
+        return (cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)) * self.lr_scale
+
+    def update(self) -> dict:
+        """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
+        lr = self.current_lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with self.timer.section("update"):
+            batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
+            compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
+            sync = self._sync_grads if self.dist.enabled else None
+            if self.cfg.algo == "a2c":
+                metrics = a2c_update(self.agent, self.optimizer, batch, self.cfg, sync, self.loss_fn, self.scaler)
+            else:
+                metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync,
+                                     loss_fn=self.loss_fn, scaler=self.scaler)
+        metrics["charts/learning_rate"] = lr
+        self.iteration += 1
+        return metrics
+
+    def _sync_grads(self) -> None:
+        with self.timer.section("allreduce"):
+            distributed.all_reduce_grads_(self.params, self.dist.world_size)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        return {
+            "model": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "lr_scale": self.lr_scale,
+            "config": self.cfg.to_dict(),
+            "normalizer": self.env.state_dict(),
+            "episode_stats": self.env.stats.state_dict(),
+            "rng": rng_state(self.sample_generator),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.env.load_state_dict(state["normalizer"])
+        self.env.stats.load_state_dict(state["episode_stats"])
+        load_rng_state(state["rng"], self.sample_generator)
+
+    def weights_state(self) -> dict:
+        """What a rollback restores: weights, optimizer moments and observation-normalizer statistics."""
+        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "normalizer": self.env.state_dict()}
+
+    def roll_back(self, state: dict, lr_factor: float) -> None:
+        """Return to ``state`` (see weights_state), scale the LR and restart the episode-return window."""
+        self.agent.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.env.load_state_dict(state["normalizer"])
+        self.lr_scale *= lr_factor
+        self.env.stats.restart_window()
+
+    def log_extras(self) -> dict:
+        """Per-log-interval diagnostics: seconds in each named section since the last log."""
+        return self.timer.pop()
+
+    def normalizer_state(self) -> dict:
+        """Observation/reward normalizer statistics, for evaluation envs."""
+        return self.env.state_dict()
+
+    def summary_extras(self) -> dict:
+        return {"n_envs_per_rank": self.n_envs}
+
+    def close(self) -> None:
+        self.env.close()
+
+    def episode_summary(self) -> dict:
+        """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures.
+
+        Under torchrun each rank contributes its last ``window / world_size`` episodes, so the figure covers the
+        last ``window`` (100) episodes of the whole job, as in one process, not a window W times as long.
+        """
+        stats = self.env.stats
+        per_rank = max(1, stats.window // self.dist.world_size)
+        returns, lengths = stats.recent(per_rank)
+        full = float(returns.numel() == per_rank)
+        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full,
+                             float(self.env.stats.count)], dtype=torch.float64)
+        if self.dist.enabled:
+            sums = sums.to(self.device) if self.device.type == "cuda" else sums
+            distributed.all_reduce_(sums)
+            sums = sums.cpu()
+        total, count, length_total, full_ranks, episodes = sums.tolist()
+        if count == 0:
+            return {}
+        return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
+                "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes)}
+
+
