@@ -1,7 +1,7 @@
 """Data-parallel scaling: PPO steps/s under torchrun with 1 and 2 ranks, and the all-reduce share of update time.
 
-Each rank runs the same per-rank workload (``n_envs`` x ``n_steps`` per iteration), so ideal scaling doubles
-the global steps/s. Runs are interleaved (1, 2, 1, 2, ...) and the medians reported.
+Each rank runs the same per-rank workload (``n_envs`` x ``n_steps`` per iteration, ``--per-rank true``), so ideal
+scaling doubles the global steps/s. Runs are interleaved (1, 2, 1, 2, ...) and the medians reported.
 
     python -m benchmarks.ddp_scaling [--quick] [--ranks 1 2] [--env CartPole-v1] [--out PATH]
 
@@ -24,7 +24,7 @@ from benchmarks.common import default_out, machine_info, markdown_table, write_j
 def run_once(ranks: int, args, run_dir: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m",
            "fastrl.train", "--env", args.env, "--n-envs", str(args.n_envs), "--n-steps", str(args.n_steps),
-           "--n-epochs", "4", "--n-minibatches", "4", "--total-steps", str(args.iterations * ranks * args.n_envs * args.n_steps),
+           "--n-epochs", "4", "--n-minibatches", "4", "--per-rank", "true", "--total-steps", str(args.iterations * ranks * args.n_envs * args.n_steps),
            "--device", args.device, "--wandb", "disabled", "--tensorboard", "false", "--progress", "false",
            "--eval-episodes", "0", "--run-dir", str(run_dir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

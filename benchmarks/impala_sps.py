@@ -2,7 +2,7 @@
 
     python -m benchmarks.impala_sps [--quick] [--env CartPole-v1] [--actors 1 2] [--out FILE]
 
-Each case is a real ``run_actor_learner`` run (spawned actors, shared-memory slots) on the tuned CartPole
+Each case is a real ``fastrl.train.run`` run (spawned actors, shared-memory slots) on the tuned CartPole
 config's shapes (16 envs x 32 steps per rollout, one rollout and one V-trace step per update). Rates are medians over the log
 intervals after the first (which holds the actors' start-up: spawning and importing torch). The queue
 columns answer "is the learner ever idle while data is waiting?": ``learner wait`` is the fraction of
@@ -23,7 +23,6 @@ from benchmarks.common import default_out, machine_info, markdown_table, write_j
 
 
 def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo: str = "impala") -> dict:
-    from fastrl.actor_learner import run_actor_learner
     from fastrl.config import make_config
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -32,7 +31,8 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
                            "total_steps": total_steps, "lr": 1e-3, "gamma": 0.98, "log_interval": 10,
                            "eval_episodes": 0, "tensorboard": False, "wandb": "disabled", "progress": False,
                            "run_dir": tmp, "seed": 1})
-        summary = run_actor_learner(cfg)
+        from fastrl.train import run
+        summary = run(cfg)
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     steady = rows[1:] or rows
 
@@ -44,7 +44,7 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
     return {
         "env": env, "algo": algo, "n_actors": n_actors, "sync_interval": sync_interval or "auto",
         "total_steps": summary["total_steps"], "wall_time_s": summary["wall_time_s"],
-        "actor_steps_per_s": med("charts/actor_sps"), "learner_samples_per_s": med("charts/learner_samples_per_s"),
+        "actor_steps_per_s": med("charts/actor_sps"), "learner_samples_per_s": med("sps"),
         "policy_lag_mean": summary["policy_lag_mean"], "policy_lag_max": summary["policy_lag_max"],
         "learner_wait_frac": sum(r["queue/learner_wait_s"] for r in steady) / max(wall_steady, 1e-9),
         "learner_update_frac": sum(r["time/update_s"] for r in steady) / max(wall_steady, 1e-9),

@@ -57,6 +57,7 @@ STOP, SEQ, VERSION = 0, 1, 2
 # env step and every poll while waiting; the pool sets it when it starts the actor)
 A_STEPS, A_ROLLOUTS, A_WAIT, A_ENV, A_POLICY, A_BEAT = range(6)
 POLL_S = 0.0005
+STARTUP_GRACE_S = 120.0  # an actor that has not yet sent its first heartbeat gets this long to start
 AUTO_SYNC_STEPS = 10_000
 
 
@@ -235,6 +236,7 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     agent.requires_grad_(False)
     version, seen_seq = board.pull(agent)
     my_stats = stats[actor_id].numpy()
+    my_stats[A_BEAT] = time.monotonic()
     T = cfg.n_steps
     views = []  # per owned slot, the tensors the rollout loop writes, looked up once
     for slot in ring.owned(actor_id):
@@ -315,6 +317,7 @@ class ActorPool:
         self.incarnation = [0] * cfg.n_actors
         self.restarts = 0
         self.hung_restarts = 0
+        self.started_at = [0.0] * cfg.n_actors
         self.max_restarts = 10 * cfg.n_actors if max_restarts is None else max_restarts
         self._last_check = 0.0
 
@@ -322,7 +325,8 @@ class ActorPool:
         proc = self.ctx.Process(target=actor_main, name=f"fastrl-actor-{actor_id}", daemon=True,
                                 args=(actor_id, self.incarnation[actor_id], self.cfg, self.ring, self.board,
                                       self.stats, os.getpid()))
-        self.stats[actor_id, A_BEAT] = time.monotonic()  # start-up gets a full timeout before its first step
+        self.stats[actor_id, A_BEAT] = 0.0  # no sign of life yet: start-up is judged by STARTUP_GRACE_S
+        self.started_at[actor_id] = time.monotonic()
         # Children inherit an ignored SIGINT from birth, so a Ctrl-C during their start-up cannot kill them.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
@@ -339,9 +343,6 @@ class ActorPool:
     def started(self) -> bool:
         return self.procs[0] is not None
 
-    def pids(self) -> list:
-        return [p.pid for p in self.procs if p is not None]
-
     def check(self, every_s: float = 0.2) -> int:
         """Restart dead and hung actors (at most every ``every_s``). Returns how many were restarted now."""
         now = time.monotonic()
@@ -351,7 +352,11 @@ class ActorPool:
         restarted = 0
         beats = self.stats[:, A_BEAT].numpy()
         for actor_id, proc in enumerate(self.procs):
-            hung = proc.exitcode is None and now - beats[actor_id] > self.cfg.actor_timeout_s
+            if beats[actor_id] > 0:
+                hung = now - beats[actor_id] > self.cfg.actor_timeout_s
+            else:  # still starting: a fresh interpreter imports torch and builds its env (seconds, more under load)
+                hung = now - self.started_at[actor_id] > max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
+            hung = hung and proc.exitcode is None
             if proc.exitcode is None and not hung:
                 continue
             if hung:

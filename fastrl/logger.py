@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from fastrl.config import UserError
@@ -19,6 +20,15 @@ def _plain(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
     return value
+
+
+def _wait_for_a_later_event_file_name(tb_dir: Path) -> None:
+    """TensorBoard reads event files in name order, and a name starts with the writer's creation second: a resumed
+    writer created in the same second as a crashed one could sort first, and its purge would then come before the
+    events it must purge. Waits (under a second, only then) until the names will sort in creation order."""
+    stamps = [int(p.name.split(".")[3]) for p in tb_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
+    while stamps and int(time.time()) <= max(stamps):
+        time.sleep(0.02)
 
 
 class NullLogger:
@@ -43,6 +53,7 @@ class RunLogger(NullLogger):
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
+            _wait_for_a_later_event_file_name(self.run_dir / "tb")
             self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
         self._wandb = None
         if wandb_mode != "disabled":

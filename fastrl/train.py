@@ -41,11 +41,8 @@ def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
 
 def run(cfg: Config, resume_state: dict | None = None) -> dict:
     """Train ``cfg`` to its end (or a stop signal, or ``stop_at_return``) and return the summary."""
-    try:  # TEMP until preflight lands
-        from fastrl.preflight import check_run
-        check_run(cfg)
-    except ImportError:
-        pass  # every combination of flags, env and device, before any work starts
+    from fastrl.preflight import check_run
+    check_run(cfg)  # every combination of flags, env and device, before any work starts
     dist_info, device = distributed.setup(cfg.device)
     try:
         run_dir = agree_run_dir(cfg, dist_info)

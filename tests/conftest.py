@@ -1,6 +1,14 @@
-"""Shared test set-up: offline, quiet wandb; no gymnasium Box-precision noise; small helpers."""
+"""Shared test set-up: offline, quiet wandb; no gymnasium Box-precision noise; small helpers.
+
+Learning checks (``@pytest.mark.learning``) never hang on one seed: a learning trajectory differs between CPUs
+(BLAS, kernels built with -march=native), so each runs ``LEARNING_SEEDS`` and judges the median with
+``median_of_seeds``, against a threshold far above a random policy and far below what training reaches.
+"""
+import math
 import os
+import statistics
 import warnings
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -13,11 +21,60 @@ warnings.filterwarnings("ignore", message=".*precision lowered by casting to flo
 # Flags every training test passes unless it is testing those outputs.
 QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false"]
 
+# The summary.json schema every algorithm's run writes (the one run loop); IMPALA/APPO add their own extras.
+SUMMARY_KEYS = {"algo", "env", "seed", "total_steps", "wall_time_s", "sps", "episode_return_mean", "episodes",
+                "iterations", "stopped_by_signal", "resumed_from_step", "rollbacks", "reached_return",
+                "steps_to_return", "time_to_return_s", "eval_return_mean", "eval_return_std"}
+
+LEARNING_SEEDS = (1, 2, 3)
+
 
 def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:.*precision lowered by casting to float32.*:UserWarning")
 
 
+def one_line_error(fn, *args, **kwargs) -> str:
+    """Call ``fn`` expecting a ``UserError`` whose message is one non-empty line; return the message."""
+    from fastrl.config import UserError
+    with pytest.raises(UserError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert message and "\n" not in message
+    return message
+
+
+def train_main(args) -> int:
+    """``fastrl.train.main(args)``, restoring the SIGINT/SIGTERM handlers so pytest's Ctrl-C keeps working."""
+    import signal
+
+    from fastrl import train
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        return train.main(args)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+
+
 @pytest.fixture
 def quiet_flags():
     return list(QUIET)
+
+
+def _median(values: list) -> float:
+    """The median, a missing figure (None: no episode finished) counting as the worst, -inf."""
+    return statistics.median(-math.inf if v is None else float(v) for v in values)
+
+
+def median_of_seeds(run_fn: Callable, seeds=LEARNING_SEEDS) -> tuple:
+    """Run ``run_fn(seed)`` for each seed and return ``(median, {seed: value})``.
+
+    ``run_fn`` returns a number, or a dict of numbers (several figures of one run, e.g. training and evaluation
+    return); then the median is a dict with the median of each key. Assert on the median and put the values in
+    the message, so a failure shows every seed.
+    """
+    values = {seed: run_fn(seed) for seed in seeds}
+    first = next(iter(values.values()))
+    if isinstance(first, Mapping):
+        return {key: _median([v[key] for v in values.values()]) for key in first}, values
+    return _median(list(values.values())), values

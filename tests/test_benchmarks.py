@@ -87,6 +87,12 @@ def synthetic_results(root):
     return d
 
 
+def _table_rows(markdown):
+    """The cells of every Markdown table row (header and separator rows included), stripped."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in markdown.splitlines() if line.lstrip().startswith("|")]
+
+
 def test_report_turns_results_into_markdown_and_pngs(tmp_path):
     pytest.importorskip("matplotlib")
     d = synthetic_results(tmp_path / "results")
@@ -94,8 +100,10 @@ def test_report_turns_results_into_markdown_and_pngs(tmp_path):
     assert report.main(["--results", str(tmp_path / "results"), "--out", str(out)]) == 0
     text = out.read_text()
     assert "## cpu-test" in text
-    assert "| CartPole-v1 |" in text.replace("  ", "") or "CartPole-v1 |" in text
-    assert "1/1" in text and "0/1" in text  # reached counts of fastrl and sb3
+    peers_rows = {row[3]: row for row in _table_rows(text) if len(row) == 9 and row[:2] == ["CartPole-v1", "ppo"]}
+    assert set(peers_rows) == {"fastrl", "sb3"}, peers_rows
+    assert peers_rows["fastrl"][2:6] == ["475", "fastrl", "1/1", "20,000"]  # threshold, lib, reached, steps
+    assert peers_rows["sb3"][2:6] == ["475", "sb3", "0/1", "-"]  # an unreached threshold has no median
     assert "MuJoCo is missing" in text  # skipped peers are named
     assert "500.0 ± 0.0" in text  # the zoo's score beside fastrl's
     assert "ddp_scaling.json` could not be read" in text  # a broken file is named, not fatal

@@ -46,6 +46,10 @@ def test_user_errors_are_one_line_subprocess(tmp_path, args, needle):
     (["train", "--resume", "no/such/run"], "no/such/run"),
     (["train", "--gamma", "2"], "gamma"),
     (["train", "--n-envs", "3", "--n-steps", "5", "--n-minibatches", "4"], "n_minibatches"),
+    (["train", "--algo", "impala", "--n-epochs", "4"], "n_epochs=4 does not apply to impala"),
+    (["train", "--algo", "a2c", "--target-kl", "0.02"], "target_kl=0.02 does not apply to a2c"),
+    (["train", "--amp", "fp16", "--device", "cpu"] + QUIET, "amp=fp16"),
+    (["train", "--encoder", "nature_cnn"] + QUIET, "encoder=nature_cnn"),
     (["eval", "missing.pt"], "missing.pt"),
     (["eval"], "checkpoint"),
     (["frobnicate"], "unknown command"),
@@ -100,3 +104,28 @@ def test_train_then_eval_real_checkpoint(tmp_path):
     assert result["return_mean"] == pytest.approx(sum(result["returns"]) / 2)
     from fastrl.cli import main
     assert main(["eval", str(run_dir), "--episodes", "0"]) == 2
+
+
+def test_readme_test_command_is_what_ci_runs_and_is_pinned():
+    """The README's set-up/test command is the one .ci/run runs, and it installs through constraints.txt, which
+    pins every dependency that pyproject.toml names (base and dev)."""
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    readme = (ROOT / "README.md").read_text()
+    commands = [line for line in readme.splitlines() if "pytest -q tests" in line and "pip install" in line]
+    assert len(commands) == 1, commands
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert commands[0].strip() in ci_lines
+    assert commands[0].count("-c constraints.txt") == 2  # the torch install and the project's
+    pinned = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            pinned[canonicalize_name(req.name)] = req
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        name = canonicalize_name(Requirement(spec).name)
+        assert name in pinned, f"{name} is not in constraints.txt"
+    assert str(pinned["torch"].specifier) == "==2.13.0"

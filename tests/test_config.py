@@ -1,5 +1,4 @@
 """Config: coercion, validation, YAML < CLI precedence, --help, one-line UserErrors (with a hypothesis fuzz)."""
-import dataclasses
 import math
 import re
 import typing
@@ -8,20 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fastrl.config import FIELDS, Config, UserError, build_parser, load_yaml, make_config, parse_cli
+from conftest import one_line_error
+from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, build_parser,
+                           load_yaml, make_config, parse_cli)
 
 INT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is int)
 FLOAT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is float)
 POSITIVE_INTS = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "log_interval",
                  "keep_checkpoints", "eval_seeds"]
-
-
-def _one_line_error(fn, *args, **kwargs) -> str:
-    with pytest.raises(UserError) as info:
-        fn(*args, **kwargs)
-    message = str(info.value)
-    assert message and "\n" not in message
-    return message
 
 
 def test_defaults_are_valid_and_round_trip():
@@ -43,7 +36,7 @@ def test_coercion_of_strings_and_dashes():
 @pytest.mark.parametrize("key, suggestion", [("n_env", "n_envs"), ("learning_rate", None), ("gama", "gamma"),
                                              ("n-minibatch", "n_minibatches")])
 def test_unknown_key_suggests(key, suggestion):
-    message = _one_line_error(make_config, {key: 1})
+    message = one_line_error(make_config, {key: 1})
     assert "unknown config key" in message
     if suggestion:
         assert f"did you mean {suggestion}" in message or suggestion in message
@@ -83,7 +76,7 @@ def test_unknown_key_suggests(key, suggestion):
     ({"lr": 1e-6}, "lr_floor"),
 ])
 def test_bad_values_raise_one_line_user_error(overrides, needle):
-    message = _one_line_error(make_config, overrides)
+    message = one_line_error(make_config, overrides)
     assert needle in message
 
 
@@ -109,12 +102,12 @@ def test_yaml_precedence(tmp_path):
 def test_bad_yaml_files(tmp_path, text, needle):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    message = _one_line_error(parse_cli, ["--config", str(path)])
+    message = one_line_error(parse_cli, ["--config", str(path)])
     assert needle in message
 
 
 def test_missing_yaml_file(tmp_path):
-    message = _one_line_error(load_yaml, tmp_path / "missing.yaml")
+    message = one_line_error(load_yaml, tmp_path / "missing.yaml")
     assert "missing.yaml" in message and "not found" in message
 
 
@@ -140,7 +133,7 @@ def test_shipped_configs_load():
     (["--n-env", "4"], "unrecognized"),  # no prefix abbreviations
 ])
 def test_bad_cli_flags(argv, needle):
-    message = _one_line_error(parse_cli, argv)
+    message = one_line_error(parse_cli, argv)
     assert needle in message
 
 
@@ -218,3 +211,108 @@ def test_embedded_default_matches_cartpole_yaml():
     from pathlib import Path
     yaml_path = Path(__file__).resolve().parent.parent / "configs" / "ppo" / "cartpole.yaml"
     assert make_config({}, str(yaml_path)) == make_config({})
+
+
+# --------------------------------------------------------------------------- per-algorithm keys
+def _other_value(name: str, algo: str):
+    """A valid value of ``name`` that differs from ``algo``'s default."""
+    default = algo_default(algo, name)
+    if isinstance(default, bool):
+        return not default
+    if name in ("gae_lambda", "vtrace_lambda"):
+        return 0.5
+    if name == "actor_timeout_s":
+        return default * 2
+    return default + 1 if isinstance(default, int) else default / 2 or 0.05
+
+
+NOT_APPLICABLE = sorted((algo, name) for name, (algos, _, _) in APPLIES_TO.items()
+                        for algo in ALGOS if algo not in algos)
+
+
+def test_applicability_table_covers_the_issue():
+    expected = {("impala", "n_epochs"), ("a2c", "clip_coef"), ("impala", "clip_vloss"), ("appo", "target_kl"),
+                ("impala", "gae_lambda"), ("appo", "gae_lambda"), ("ppo", "n_actors"), ("a2c", "vtrace_lambda"),
+                ("ppo", "actor_timeout_s"), ("a2c", "max_policy_lag")}
+    assert expected <= set(NOT_APPLICABLE)
+    for algo in ALGOS:
+        assert (algo, "n_minibatches") not in NOT_APPLICABLE and (algo, "per_rank") not in NOT_APPLICABLE
+
+
+@pytest.mark.parametrize("algo, name", NOT_APPLICABLE)
+def test_key_that_does_not_apply_is_refused_in_one_line(algo, name):
+    value = _other_value(name, algo)
+    message = one_line_error(make_config, {"algo": algo, name: value})
+    assert message.startswith(f"{name}=") and f"does not apply to {algo}" in message and "drop it" in message
+
+
+@pytest.mark.parametrize("algo, name", NOT_APPLICABLE)
+def test_key_that_does_not_apply_passes_at_its_default(algo, name, tmp_path):
+    """A saved config.yaml holds every key; at the algorithm's own default a key is harmless."""
+    make_config({"algo": algo, name: algo_default(algo, name)})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"algo: {algo}\n{name}: {algo_default(algo, name)}\n")
+    make_config(yaml_path=str(path))
+
+
+def test_not_applicable_key_from_yaml_is_refused(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("algo: impala\nn_epochs: 4\n")
+    message = one_line_error(parse_cli, ["--config", str(path)])
+    assert "n_epochs=4 does not apply to impala" in message and "--algo appo" in message
+    # a flag back to the default wins over the YAML value
+    assert parse_cli(["--config", str(path), "--n-epochs", str(Config.n_epochs)]).algo == "impala"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_saved_config_of_every_algo_reloads(algo, tmp_path):
+    import yaml
+    cfg = make_config({"algo": algo})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(cfg.to_dict()))
+    assert make_config(yaml_path=str(path)) == cfg
+    assert make_config(cfg.to_dict()) == cfg
+
+
+def test_algo_defaults_themselves_pass():
+    for algo, defaults in ALGO_DEFAULTS.items():
+        assert make_config({"algo": algo, **defaults}) == make_config({"algo": algo})
+
+
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_actor_learner_compile_is_auto_or_off(algo):
+    assert make_config({"algo": algo, "compile": "off"}).compile == "off"
+    assert make_config({"algo": algo}).compile == "auto"
+    for mode in ("default", "max-autotune"):
+        message = one_line_error(make_config, {"algo": algo, "compile": mode})
+        assert f"compile={mode}" in message and algo in message and "--compile off" in message
+
+
+@pytest.mark.parametrize("overrides, needle", [({"device": "cuda:x"}, "device"), ({"device": "cuda:"}, "device"),
+                                               ({"seed": -1}, "seed"), ({"seed": 10**20}, "seed")])
+def test_device_string_and_seed_range(overrides, needle):
+    assert needle in one_line_error(make_config, overrides)
+
+
+@settings(max_examples=40, deadline=None)
+@given(algo=st.sampled_from(ALGOS),
+       chosen=st.lists(st.sampled_from(sorted(APPLIES_TO)), min_size=1, max_size=3, unique=True),
+       at_default=st.lists(st.booleans(), min_size=3, max_size=3))
+def test_fuzz_per_algorithm_keys(algo, chosen, at_default):
+    """Any mix of algorithm-specific keys: accepted exactly when every key the algorithm does not read is at its
+    default, else one line naming such a key and the algorithm."""
+    given_values = {name: algo_default(algo, name) if keep else _other_value(name, algo)
+                    for name, keep in zip(chosen, at_default)}
+    foreign = {name for name, value in given_values.items()
+               if algo not in APPLIES_TO[name][0] and value != algo_default(algo, name)}
+    try:
+        cfg = make_config({"algo": algo, **given_values})
+    except UserError as e:
+        message = str(e)
+        assert "\n" not in message
+        if foreign:
+            assert any(message.startswith(f"{name}=") for name in foreign) and algo in message, message
+        return
+    assert not foreign, f"{sorted(foreign)} accepted for {algo}"
+    for name, value in given_values.items():
+        assert getattr(cfg, name) == value

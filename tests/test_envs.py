@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastrl.config import UserError, make_config
-from fastrl.envs import BatchedEnv, EpisodeStats, NormalizedEnv, make_env, resolve_backend
+from fastrl.envs import BatchedEnv, EpisodeStats, NormalizedEnv, envpool_ids, gymnasium_ids, make_env, resolve_backend
 from fastrl.train import env_seed
 
 BACKENDS = ["envpool", "gymnasium"]
@@ -160,10 +160,14 @@ def test_unknown_env_id_suggests_closest(backend_name):
 
 
 def test_resolve_backend():
-    assert resolve_backend("CartPole-v1") == "envpool"
+    assert resolve_backend("CartPole-v1") == "envpool"  # both know it: EnvPool first
     assert resolve_backend("CartPole-v1", "gymnasium") == "gymnasium"
-    # An id only Gymnasium knows falls back to it under "auto"
-    assert resolve_backend("MountainCarContinuous-v0") in ("envpool", "gymnasium")
+    gymnasium_only = sorted(gymnasium_ids() - envpool_ids())
+    assert gymnasium_only, "no Gymnasium-only id to test the fallback with"
+    for env_id in gymnasium_only:
+        assert resolve_backend(env_id) == "gymnasium", f"{env_id} must fall back to Gymnasium under auto"
+    with pytest.raises(UserError, match="envpool"):
+        resolve_backend(gymnasium_only[0], "envpool")
     with pytest.raises(UserError):
         resolve_backend("NoSuchEnv-v0")
 

@@ -1,5 +1,6 @@
 """IMPALA / APPO: V-trace targets from the learner's T+1 values, reset-step masking, the slot ring and
-weight board protocols, a short CartPole learning run, and the faults (SIGKILLed actor, SIGTERM)."""
+weight board protocols, a short run's summary and step arithmetic, learning CartPole (the median of 3 seeds),
+and the faults (SIGKILLed actor, SIGTERM)."""
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensordict import TensorDict
 
 import kernels
@@ -19,7 +21,7 @@ from fastrl.envs import ActionSpec
 from fastrl.impala import appo_update, impala_update, learner_forward, vtrace_targets
 from fastrl.models import make_agent
 
-from conftest import QUIET
+from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = ActionSpec("discrete", n=2)
@@ -93,7 +95,8 @@ def test_vtrace_targets_bootstrap_truncation_not_termination():
 @pytest.mark.parametrize("algo", ["impala", "appo"])
 def test_reset_steps_are_masked_out_of_the_update(algo):
     """The action, behaviour log-prob and reward of auto-reset steps (valid False) change nothing."""
-    cfg = make_config({"algo": algo, "n_envs": 3, "n_steps": 6, "n_minibatches": 1, "n_epochs": 1})
+    epochs = {"n_epochs": 1} if algo == "appo" else {}  # IMPALA makes one pass and refuses n_epochs
+    cfg = make_config({"algo": algo, "n_envs": 3, "n_steps": 6, "n_minibatches": 1, **epochs})
     results = []
     for perturb in (False, True):
         agent = _agent(cfg)
@@ -113,8 +116,8 @@ def test_reset_steps_are_masked_out_of_the_update(algo):
 
 @pytest.mark.parametrize("n_minibatches", [1, 3])
 def test_impala_update_changes_weights_and_reports(n_minibatches):
-    """One step per env-column minibatch; every sample used once (n_epochs is ignored by IMPALA)."""
-    cfg = _cfg(n_envs=3, n_epochs=4, n_minibatches=n_minibatches)
+    """One step per env-column minibatch; every sample used once (IMPALA makes one pass per batch)."""
+    cfg = _cfg(n_envs=3, n_minibatches=n_minibatches)
     agent = _agent(cfg)
     before = torch.nn.utils.parameters_to_vector(agent.parameters()).clone()
     batch, boot = _batch()
@@ -166,17 +169,20 @@ def test_config_validation():
         make_config({"algo": "impala", "n_envs": 6, "n_steps": 16, "n_minibatches": 4})
     with pytest.raises(UserError, match="sync_interval"):
         make_config({"algo": "impala", "sync_interval": 50, "max_policy_lag": 50})
-    make_config({"algo": "ppo", "n_actors": 3, "n_slots": 8})  # only checked for impala/appo
+    with pytest.raises(UserError, match="n_actors"):  # PPO runs no actors: the key is refused, not ignored
+        make_config({"algo": "ppo", "n_actors": 3, "n_slots": 8})
 
 
 def test_auto_sync_interval_stays_below_max_policy_lag():
     """Small rollouts make ~10k env steps many updates; the auto interval is capped so rollouts stay usable."""
-    from fastrl.actor_learner import Learner
-    cfg = make_config({"algo": "impala", "n_envs": 4, "n_steps": 16, "max_policy_lag": 50})
-    learner = Learner(cfg, torch.device("cpu"), (4,), torch.float32, SPEC)
-    assert learner.sync_interval == 25
-    cfg = make_config({"algo": "impala", "n_envs": 16, "n_steps": 32, "max_policy_lag": 0})
-    assert Learner(cfg, torch.device("cpu"), (4,), torch.float32, SPEC).sync_interval == 20
+    from fastrl.actor_learner import ActorLearnerTrainer  # its actors start on the first collect(), not here
+    for values, expected in (({"n_envs": 4, "n_steps": 16, "max_policy_lag": 50}, 25),
+                             ({"n_envs": 16, "n_steps": 32, "max_policy_lag": 0}, 20)):
+        trainer = ActorLearnerTrainer(make_config({"algo": "impala", **values}), torch.device("cpu"))
+        try:
+            assert trainer.sync_interval == expected, values
+        finally:
+            trainer.close()
 
 
 # ------------------------------------------------------------------ processes
@@ -229,19 +235,57 @@ def _wait_for_metrics(proc, run_dir: Path, timeout_s: float = 60.0) -> None:
     pytest.fail("no metrics within the time limit")
 
 
-def test_cartpole_learns(tmp_path):
-    """A short IMPALA run reaches a mean return of 150 on CartPole-v1 (stops early once it does)."""
+CARTPOLE = str(REPO / "configs" / "impala" / "cartpole.yaml")  # 2 actors x 16 envs x 32 steps, learner_batch 1
+IMPALA_SUMMARY_EXTRAS = {"actor_restarts", "policy_lag_mean", "policy_lag_max", "dropped_rollouts"}
+IMPALA_METRIC_KEYS = {"staleness/policy_lag_mean", "staleness/policy_lag_max", "vtrace/rho_mean",
+                      "vtrace/rho_clipfrac", "queue/learner_wait_s", "charts/actor_sps", "losses/value_loss"}
+
+
+def test_short_run_summary_and_step_arithmetic(tmp_path):
+    """A 16-update run (not a learning check): summary.json has PPO's schema plus IMPALA's extras, every env step
+    consumed is a whole slot that was trained on or dropped, and the policy lag stays within max_policy_lag."""
     from fastrl.train import main
-    cfg = str(REPO / "configs" / "impala" / "cartpole.yaml")
-    assert main(["--config", cfg, "--run-dir", str(tmp_path), "--total-steps", "300000", "--stop-at-return", "195",
+    assert main(["--config", CARTPOLE, "--run-dir", str(tmp_path), "--total-steps", "8192", "--log-interval", "4",
                  "--eval-episodes", "0", *QUIET]) == 0
+    cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    slot_steps = cfg["n_steps"] * cfg["n_envs"]  # one actor rollout
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["episode_return_mean"] >= 150, summary
-    assert summary["actor_restarts"] == 0 and summary["policy_lag_max"] >= 0
-    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    for key in ("staleness/policy_lag_mean", "staleness/policy_lag_max", "vtrace/rho_mean", "vtrace/rho_clipfrac",
-                "queue/learner_wait_s", "charts/actor_sps", "losses/value_loss"):
-        assert key in record, key
+    missing = (SUMMARY_KEYS | IMPALA_SUMMARY_EXTRAS) - summary.keys()
+    assert not missing, f"summary.json lacks {missing}"
+    assert summary["algo"] == "impala" and not summary["stopped_by_signal"]
+    assert (summary["resumed_from_step"], summary["rollbacks"], summary["actor_restarts"]) == (0, 0, 0)
+    assert summary["reached_return"] is False and summary["steps_to_return"] is None
+    assert summary["total_steps"] >= 8192 and summary["total_steps"] % slot_steps == 0
+    assert summary["total_steps"] == (summary["iterations"] * cfg["learner_batch"] + summary["dropped_rollouts"]) \
+        * slot_steps, summary
+    assert 0 <= summary["policy_lag_mean"] <= summary["policy_lag_max"] <= cfg["max_policy_lag"], summary
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["global_step"] for r in rows]
+    assert steps == sorted(set(steps)) and all(s % slot_steps == 0 for s in steps), steps
+    assert steps[-1] == summary["total_steps"]
+    for record in rows:
+        assert not IMPALA_METRIC_KEYS - record.keys(), f"metrics.jsonl lacks {IMPALA_METRIC_KEYS - record.keys()}"
+        lag_mean, lag_max = record["staleness/policy_lag_mean"], record["staleness/policy_lag_max"]
+        assert 0 <= lag_mean <= lag_max <= summary["policy_lag_max"], record
+        assert 0 <= record["vtrace/rho_clipfrac"] <= 1 and record["vtrace/rho_mean"] > 0, record
+
+
+@pytest.mark.learning
+def test_cartpole_learns(tmp_path):
+    """IMPALA learns CartPole-v1: the median over 3 seeds of the last-100-episode mean return >= 100 (a random
+    policy gets about 22; each run stops once it reaches 150, within at most 300k steps)."""
+    from fastrl.train import main
+
+    def last_100_return(seed):
+        run_dir = tmp_path / f"seed{seed}"
+        assert main(["--config", CARTPOLE, "--run-dir", str(run_dir), "--seed", str(seed), "--total-steps", "300000",
+                     "--stop-at-return", "150", "--eval-episodes", "0", *QUIET]) == 0
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["actor_restarts"] == 0, summary
+        return summary["episode_return_mean"]
+
+    median, by_seed = median_of_seeds(last_100_return)
+    assert median >= 100, f"median return {median}; per seed {by_seed}"
 
 
 def test_killed_actor_is_restarted_and_training_finishes(tmp_path):

@@ -1,10 +1,12 @@
-"""Pixel tasks through EnvPool: Atari true-score bookkeeping, MiniGrid observations, CNN encoders, PPO on MiniGrid."""
+"""Pixel tasks through EnvPool: Atari true-score bookkeeping, MiniGrid observations, CNN encoders, a deterministic
+MiniGrid update, and PPO learning MiniGrid (the median of 3 seeds)."""
 import math
 
 import pytest
 import torch
 
-from fastrl.config import make_config
+from conftest import median_of_seeds
+from fastrl.config import load_yaml, make_config
 from fastrl.envs import BatchedEnv, atari_kwargs, is_atari, make_env
 from fastrl.models import ImpalaResNet, NatureCNN, PixelActorCritic, make_agent, resolve_encoder
 from fastrl.train import Trainer, run
@@ -112,11 +114,42 @@ def test_checkpointed_model_carries_its_observation_scale():
     env.close()
 
 
+def test_minigrid_ppo_iteration_is_deterministic_per_seed():
+    """One collect + update of the MiniGrid CNN agent, twice with one seed and once with another: the same seed
+    gives the same rollout, losses and weights bit for bit; the update moves the weights; another seed differs."""
+    def one_iteration(seed):
+        cfg = make_config({**load_yaml("configs/ppo/minigrid.yaml"), **QUIET, "n_envs": 4, "n_steps": 16,
+                           "n_minibatches": 2, "n_epochs": 2, "seed": seed})
+        trainer = Trainer(cfg)
+        initial = torch.nn.utils.parameters_to_vector(trainer.agent.parameters()).detach().clone()
+        trainer.collect()
+        rollout = (trainer.buffer["observation"].clone(), trainer.buffer["action"].clone())
+        metrics = {k: float(v) for k, v in trainer.update().items() if k.startswith("losses/")}
+        final = torch.nn.utils.parameters_to_vector(trainer.agent.parameters()).detach().clone()
+        trainer.close()
+        return initial, rollout, metrics, final
+
+    (init_a, rollout_a, metrics_a, final_a), (_, rollout_b, metrics_b, final_b) = one_iteration(5), one_iteration(5)
+    assert torch.equal(rollout_a[0], rollout_b[0]) and torch.equal(rollout_a[1], rollout_b[1])
+    assert metrics_a == metrics_b
+    assert torch.equal(final_a, final_b)
+    assert not torch.equal(init_a, final_a), "the update did not change the weights"
+    _, rollout_c, _, final_c = one_iteration(6)
+    assert not torch.equal(rollout_a[0], rollout_c[0]) and not torch.equal(final_a, final_c)
+
+
+@pytest.mark.learning
 def test_ppo_learns_minigrid_empty(tmp_path):
-    """CI-sized: PPO on MiniGrid-Empty-5x5-v0 reaches a mean return >= 0.9 (optimal is about 0.96)."""
-    from fastrl.config import load_yaml
-    values = {**load_yaml("configs/ppo/minigrid.yaml"), **QUIET, "run_dir": str(tmp_path / "run"),
-              "total_steps": 40_960, "stop_at_return": 0.93, "eval_episodes": 16}
-    summary = run(make_config(values))
-    assert summary["episode_return_mean"] >= 0.9, summary
-    assert summary["eval_return_mean"] >= 0.9, summary
+    """PPO learns MiniGrid-Empty-5x5-v0 within 40k steps: the median over 3 seeds of the training return
+    >= 0.8 and of the deterministic evaluation >= 0.7. The optimum is about 0.96 and each run stops at 0.9;
+    a random policy averages about 0.2 (more than half its episodes run out of steps, return 0)."""
+    def returns(seed):
+        values = {**load_yaml("configs/ppo/minigrid.yaml"), **QUIET, "seed": seed,
+                  "run_dir": str(tmp_path / f"seed{seed}"), "total_steps": 40_960, "stop_at_return": 0.9,
+                  "eval_episodes": 16}
+        summary = run(make_config(values))
+        return {"train": summary["episode_return_mean"], "eval": summary["eval_return_mean"]}
+
+    median, by_seed = median_of_seeds(returns)
+    assert median["train"] >= 0.8, f"median training return {median['train']}; per seed {by_seed}"
+    assert median["eval"] >= 0.7, f"median evaluation return {median['eval']}; per seed {by_seed}"

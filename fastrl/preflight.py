@@ -1,0 +1,193 @@
+"""Checks that run before any work starts: every combination of config, env, device and launch that would
+otherwise fail later (with a traceback, or silently) is refused here with one line saying what is wrong and how
+to fix it.
+
+``check_run(cfg)`` assumes ``cfg`` is a validated ``Config`` (``make_config`` checked each key and the keys'
+combinations); it adds what only the machine, the launch and the env can tell:
+
+- launch: under torchrun (``WORLD_SIZE`` > 1) impala/appo are refused, and ``n_envs`` must split evenly into
+  per-rank batches that ``n_minibatches`` divides;
+- run directory: the one this run would write (``run_dir``, or ``runs/``) can be created and written;
+- device: CUDA present, the GPU index exists, one GPU per torchrun rank;
+- precision: fp16 needs CUDA, bf16 a GPU that has it; deterministic CUDA needs cuBLAS's workspace setting;
+- env x model: one env is built (then closed) to learn the observation shape and dtype; the encoder must fit
+  them, and normalize_obs needs float observations.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
+from fastrl.envs import ActionSpec
+
+_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+def check_run(cfg: Config, world_size: int | None = None) -> None:
+    """Raise ``UserError`` (one line: what is wrong, how to fix it) if ``cfg`` cannot run here.
+
+    ``world_size``: the number of torchrun processes; None reads ``WORLD_SIZE`` (1 without torchrun).
+    Builds one environment to look at its spaces, and the encoder once on CPU; nothing else is created.
+    """
+    if world_size is None:
+        world_size = _env_int("WORLD_SIZE", 1)
+    check_launch(cfg, world_size)
+    if _env_int("RANK", 0) == 0:  # only rank 0 writes
+        check_run_dir(cfg)
+    device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
+    check_precision(cfg, device)
+    observation_shape, observation_dtype, _action_spec = probe_env(cfg)
+    check_model(cfg, observation_shape, observation_dtype)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip().isdigit() else default
+
+
+def check_launch(cfg: Config, world_size: int) -> None:
+    """torchrun: impala/appo run their own processes; the PPO/A2C batch must split evenly across ranks."""
+    if world_size <= 1:
+        return
+    if cfg.algo in ACTOR_LEARNER_ALGOS:
+        raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
+    if cfg.per_rank:
+        rank_envs = cfg.n_envs
+    else:
+        if cfg.n_envs % world_size:
+            raise UserError(f"n_envs={cfg.n_envs} does not split evenly across {world_size} torchrun ranks: make "
+                            f"n_envs a multiple of {world_size}, or pass --per-rank true (n_envs per rank)")
+        rank_envs = cfg.n_envs // world_size
+    rank_batch = rank_envs * cfg.n_steps
+    if rank_batch % cfg.n_minibatches:
+        raise UserError(f"each of the {world_size} torchrun ranks collects {rank_envs} envs x {cfg.n_steps} steps = "
+                        f"{rank_batch} samples, which n_minibatches={cfg.n_minibatches} does not divide; pick "
+                        "n_minibatches that divides it")
+
+
+def check_run_dir(cfg: Config) -> None:
+    """The directory this run writes into (``run_dir``, or ``runs/`` for the default) is a directory it may create
+    and write. (Whether it already holds a run is decided when the run starts: see ``fastrl.rundir``.)"""
+    if cfg.resume and not cfg.run_dir:
+        return  # the resumed run's own directory, which loading the checkpoint found
+    path = Path(cfg.run_dir) if cfg.run_dir else Path("runs")
+    flag = "run_dir" if cfg.run_dir else "the default run directory"
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be created ({str(existing)!r} is a file)"
+        raise UserError(f"{flag} {str(path)!r} {what}; pick another --run-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == path else f"cannot be created ({str(existing)!r} is not writable)"
+        raise UserError(f"{flag} {str(path)!r} {what}; pick another --run-dir")
+
+
+def check_device(cfg: Config, world_size: int = 1, local_rank: int = 0) -> torch.device:
+    """The learner device this process will use, or UserError if this machine does not have it."""
+    if cfg.device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no usable CUDA device"
+            raise UserError(f"device={cfg.device} needs CUDA, but this machine has {build}: use --device cpu (or auto)")
+        if world_size > 1 and cfg.device != "cuda":
+            raise UserError(f"device={cfg.device} would put every torchrun rank on one GPU: use --device cuda "
+                            "(each rank takes cuda:LOCAL_RANK)")
+    from fastrl.distributed import resolve_device
+    device = resolve_device(cfg.device, local_rank)
+    if device.type == "cuda":
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            if cfg.device == "cuda" or cfg.device == "auto":
+                raise UserError(f"torchrun process LOCAL_RANK={local_rank} has no GPU of its own (this node has "
+                                f"{count}): start at most {count} processes per node (--nproc_per_node)")
+            raise UserError(f"device={cfg.device} does not exist: this machine has {count} CUDA device(s), "
+                            f"cuda:0 to cuda:{count - 1}")
+    return device
+
+
+def check_precision(cfg: Config, device: torch.device) -> None:
+    """amp and deterministic settings that the device cannot honour."""
+    if cfg.amp == "fp16" and device.type != "cuda":
+        where = " (device=auto found no CUDA)" if cfg.device == "auto" else ""
+        raise UserError(f"amp=fp16 needs a CUDA device, and this run's device is {device.type}{where}: use --amp bf16 "
+                        "(CPU and CUDA) or --amp off")
+    if cfg.amp == "bf16" and device.type == "cuda":
+        with torch.cuda.device(device):  # autocast's own test; on pre-Ampere GPUs it allocates on the current device
+            supported = torch.cuda.is_bf16_supported()
+        if not supported:
+            raise UserError(f"amp=bf16 is not supported on {torch.cuda.get_device_name(device)}: use --amp fp16 or "
+                            "--amp off")
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if cfg.deterministic and device.type == "cuda" and cublas not in _CUBLAS_DETERMINISTIC:
+        raise UserError("deterministic on CUDA needs cuBLAS's deterministic workspace: export "
+                        "CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting the run, or drop --deterministic")
+
+
+def probe_env(cfg: Config) -> tuple[tuple, torch.dtype, ActionSpec]:
+    """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
+    (cached per env settings)."""
+    from fastrl.envs import atari_kwargs, is_atari
+    kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
+    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())))
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(env_id: str, backend: str, env_kwargs: tuple) -> tuple[tuple, torch.dtype, ActionSpec]:
+    from fastrl.envs import BatchedEnv
+    try:
+        env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None)
+    except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
+    try:
+        return tuple(env.observation_shape), env.observation_dtype, env.action_spec
+    finally:
+        env.close()
+
+
+def check_model(cfg: Config, observation_shape: tuple, observation_dtype: torch.dtype) -> None:
+    """The encoder ``cfg`` asks for must take the env's observations; normalize_obs needs float ones."""
+    from fastrl.models import resolve_encoder
+    shape = tuple(observation_shape)
+    if not shape:
+        raise UserError(f"{cfg.env} has scalar (Discrete) observations; fastrl's models take array (Box) "
+                        "observations: pick an env that has them")
+    dtype_name = str(observation_dtype).removeprefix("torch.")
+    if cfg.normalize_obs and not observation_dtype.is_floating_point:
+        raise UserError(f"normalize_obs needs float observations, and {cfg.env} gives {dtype_name} ones (stored as "
+                        f"{dtype_name}, scaled inside the model): drop normalize_obs")
+    encoder = resolve_encoder(cfg.encoder, shape)
+    if encoder == "mlp":
+        return
+    named = f"encoder={cfg.encoder}" if cfg.encoder == encoder else f"encoder={cfg.encoder} (here {encoder})"
+    if len(shape) != 3:
+        raise UserError(f"{named} needs image observations [C, H, W], and {cfg.env} gives shape {shape}: "
+                        "use --encoder mlp (or auto)")
+    if shape[2] <= 4 < shape[0]:  # e.g. (96, 96, 3): an RGB or stacked image with its channels last
+        raise UserError(f"{cfg.env}'s observations of shape {shape} look channels-last [H, W, C], and {named} takes "
+                        "channels-first [C, H, W] images: use --encoder mlp")
+    if not encoder_fits(encoder, shape):
+        fitting = [name for name in ("impala_resnet", "minigrid_cnn", "nature_cnn")
+                   if name != encoder and encoder_fits(name, shape)]
+        hint = f"use --encoder {' or '.join(fitting + ['mlp'])}"
+        raise UserError(f"{named} does not fit {cfg.env}'s observations of shape {shape} (read as channels-first "
+                        f"[C, H, W], too small for its convolutions): {hint}")
+
+
+@functools.lru_cache(maxsize=64)
+def encoder_fits(encoder: str, shape: tuple) -> bool:
+    """Whether the conv encoder ``encoder`` can be built for ``[C, H, W]`` = ``shape`` (kernels fit the frames)."""
+    from fastrl.models import ENCODERS
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        try:
+            ENCODERS[encoder](shape)
+        except RuntimeError as e:
+            if re.search(r"size|Kernel", str(e)):
+                return False
+            raise
+    return True
