@@ -40,11 +40,11 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
         return statistics.median(r[key] for r in steady)
 
     span_s = sum(r["queue/learner_wait_s"] + r["time/update_s"] for r in steady)
-    wall_steady = (steady[-1]["global_step"] - rows[0]["global_step"]) / max(med("sps"), 1e-9)
+    wall_steady = (steady[-1]["global_step"] - rows[0]["global_step"]) / max(med("charts/SPS"), 1e-9)
     return {
         "env": env, "algo": algo, "n_actors": n_actors, "sync_interval": sync_interval or "auto",
         "total_steps": summary["total_steps"], "wall_time_s": summary["wall_time_s"],
-        "actor_steps_per_s": med("charts/actor_sps"), "learner_samples_per_s": med("sps"),
+        "actor_steps_per_s": med("charts/actor_sps"), "learner_samples_per_s": med("charts/SPS"),
         "policy_lag_mean": summary["policy_lag_mean"], "policy_lag_max": summary["policy_lag_max"],
         "learner_wait_frac": sum(r["queue/learner_wait_s"] for r in steady) / max(wall_steady, 1e-9),
         "learner_update_frac": sum(r["time/update_s"] for r in steady) / max(wall_steady, 1e-9),

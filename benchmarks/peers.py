@@ -194,11 +194,13 @@ def fastrl_curve(rows: list) -> list:
     """``[[env steps, wall s, mean return of the last 100 episodes or None], ...]`` from metrics.jsonl rows."""
     curve, wall = [], 0.0
     for row in rows:
+        if all(key == "global_step" or key.startswith("eval/") for key in row):
+            continue  # the final evaluation's row
         if "time/elapsed_s" in row:
             wall = row["time/elapsed_s"]
         else:
             wall += row.get("time/collect_s", 0.0) + row.get("time/update_s", 0.0)
-        curve.append([row["global_step"], wall, row.get("episode_return_mean")])
+        curve.append([row["global_step"], wall, row.get("charts/episodic_return")])
     return curve
 
 

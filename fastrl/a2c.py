@@ -33,14 +33,21 @@ def a2c_loss(agent, batch: TensorDict, cfg, autocast=nullcontext) -> tuple[torch
 
 
 def a2c_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg, sync_grads=None, loss_fn=None,
-               scaler=None) -> dict:
-    """One gradient step on the whole ``[T, N]`` rollout (advantages already filled). Returns 0-d tensor metrics."""
+               scaler=None, step_fn=None) -> dict:
+    """One gradient step on the whole ``[T, N]`` rollout (advantages already filled). Returns 0-d tensor metrics.
+
+    ``step_fn(*loss_inputs(...)) -> (stats, nonfinite)`` (a ``fastrl.learner.CompiledUpdate``), when given, is
+    the whole gradient step instead of ``loss_fn`` + ``backward_step``; it does its own gradient sync.
+    """
     if loss_fn is None:
         loss_fn = functools.partial(a2c_loss_terms, agent, cfg)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    loss, stats = loss_fn(*loss_inputs(batch.reshape(-1)))
-    stats = dict(stats)
-    stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
+    if step_fn is not None:
+        stats, nonfinite = step_fn(*loss_inputs(batch.reshape(-1)))
+    else:
+        loss, stats = loss_fn(*loss_inputs(batch.reshape(-1)))
+        stats = dict(stats)
+        stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
     stats["nonfinite_updates"] = nonfinite.float()  # skipped for a NaN/Inf loss or gradient
     metrics = {f"losses/{k}": v.detach() for k, v in stats.items()}
     metrics["losses/explained_variance"] = explained_variance(batch["state_value"], batch["value_target"],

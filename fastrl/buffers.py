@@ -1,4 +1,5 @@
-"""Preallocated time-major rollout storage as a TensorDict ``[T, N]`` with TorchRL's key names.
+"""Preallocated time-major rollout storage as a TensorDict ``[T, N]`` with TorchRL-style key names (not TorchRL's
+layout: ``fastrl.to_torchrl`` converts a rollout for TorchRL's losses and value estimators).
 
 Keys: ``observation [T, N, *obs]`` (native dtype: uint8 frames stay uint8), ``action``,
 ``sample_log_prob``, ``state_value``, ``valid`` (False on auto-reset steps) and under ``"next"``:

@@ -1,4 +1,5 @@
-"""The ``fastrl`` console script: ``fastrl train|eval|bench``."""
+"""The ``fastrl`` console script: ``fastrl train|eval|plot|bench``. Nothing heavy is imported before a command runs,
+so ``--help`` answers at once."""
 from __future__ import annotations
 
 import argparse
@@ -7,11 +8,12 @@ import sys
 
 from fastrl.config import UserError
 
-USAGE = """usage: fastrl {train,eval,bench} ...
+USAGE = """usage: fastrl {train,eval,plot,bench} ...
 
-  fastrl train [--config FILE] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
-  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV]              deterministic evaluation
-  fastrl bench [PART ...] [--quick]                                       run benchmarks (see fastrl bench --help)
+  fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
+  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV]                   deterministic evaluation
+  fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
+  fastrl bench [PART ...] [--quick]                                            run benchmarks (see fastrl bench --help)
 """
 
 
@@ -61,9 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         return train_main(rest, prog="fastrl train")
     if command == "eval":
         return eval_main(rest)
+    if command == "plot":
+        from fastrl.plot import plot_main
+        return plot_main(rest)
     if command == "bench":
         return bench_main(rest)
-    print(f"fastrl: error: unknown command {command!r}; use train, eval or bench", file=sys.stderr)
+    print(f"fastrl: error: unknown command {command!r}; use train, eval, plot or bench", file=sys.stderr)
     return 2
 
 

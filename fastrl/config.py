@@ -59,7 +59,8 @@ class Config:
     mean return reliably (3 of 3 seeds) within 120k steps on a 2-core laptop (configs/ppo/cartpole.yaml holds the same values)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
-    env: str = _f("CartPole-v1", "environment id (EnvPool id, or any Gymnasium id through the fallback)")
+    env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
+                                 "(imports module first, so its Gymnasium registration runs)")
     n_envs: int = _f(8, "parallel environments, all ranks together (split evenly across torchrun ranks unless per_rank)")
     total_steps: int = _f(120_000, "environment steps to train for (all ranks together)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
@@ -137,6 +138,9 @@ class Config:
     eval_seeds: int = _f(5, "seeds for each evaluation (each seed runs eval_episodes episodes)")
     eval_interval: int = _f(0, "iterations between periodic deterministic evaluations (0 = only at the end)")
     stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
+    capture_video: bool = _f(False, "record the final evaluation's first episodes to run_dir/videos/*.mp4 (a "
+                                    "Gymnasium env of the same id renders them; needs pip install -e \".[video]\")")
+    plot: bool = _f(True, "write run_dir/learning_curve.png at the end of the run (needs matplotlib)")
     # --- guards ---
     rollback: bool = _f(False, "roll back to the best weights when the return collapses (judged on the periodic "
                                "evaluation when eval_interval > 0, else on the lagging last-100-episode mean)")
@@ -165,12 +169,13 @@ class Config:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise UserError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints", "eval_seeds"]
+        positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints",
+                    "eval_seeds", "clip_coef"]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         non_negative = ["ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
-                        "env_threads", "checkpoint_interval", "eval_episodes", "clip_coef", "obs_clip", "reward_clip",
+                        "env_threads", "checkpoint_interval", "eval_episodes", "obs_clip", "reward_clip",
                         "eval_interval", "rollback_drop", "max_rollbacks"]
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -273,7 +278,7 @@ def _coerce(name: str, value):
     elif kind is list:
         if isinstance(value, str):
             try:
-                value = [int(v) for v in value.replace(",", " ").split()]
+                value = [int(v) for v in value.replace(",", " ").replace("[", " ").replace("]", " ").split()]
             except ValueError:
                 pass
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
@@ -288,9 +293,7 @@ def _unknown_key(name: str, where: str) -> UserError:
 
 
 def load_yaml(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"config file {str(path)!r} not found; pass an existing YAML file to --config")
+    path = resolve_config_path(path)  # a file, or a tuned config's name (ppo/lunarlander)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -351,26 +354,121 @@ class _ArgParser(argparse.ArgumentParser):
         raise UserError(message)
 
 
+# --help groups: (title, the field that opens the group in Config's order). A field belongs to the group opened last
+# above it, unless HELP_GROUP_OF names another.
+HELP_GROUPS = (("run", "algo"), ("environment", "env_backend"), ("model", "hidden_sizes"),
+               ("algorithm (every algorithm)", "n_steps"), ("PPO", "n_epochs"), ("IMPALA / APPO", "n_actors"),
+               ("logging, checkpoints, evaluation", "log_interval"), ("guards", "rollback"))
+HELP_GROUP_OF = {"env": "environment", "n_envs": "environment", "resume": "run"}
+
+# Flags as CleanRL, Stable-Baselines3 and the RL Zoo spell them: the "did you mean" of an unknown flag.
+_MINIBATCH_HINT = "--n-minibatches (the minibatch size is n_envs * n_steps / n_minibatches)"
+FLAG_ALIASES = {
+    "num-envs": "--n-envs", "env-id": "--env", "env-name": "--env", "learning-rate": "--lr",
+    "total-timesteps": "--total-steps", "n-timesteps": "--total-steps", "timesteps": "--total-steps",
+    "num-steps": "--n-steps", "update-epochs": "--n-epochs", "num-minibatches": "--n-minibatches",
+    "batch-size": _MINIBATCH_HINT, "minibatch-size": _MINIBATCH_HINT, "clip-range": "--clip-coef",
+    "clip-range-vf": "--clip-vloss", "normalize-advantage": "--norm-adv", "norm-obs": "--normalize-obs",
+    "norm-reward": "--normalize-reward", "entropy-coef": "--ent-coef", "value-coef": "--vf-coef",
+    "lambda": "--gae-lambda", "torch-deterministic": "--deterministic", "cuda": "--device cuda",
+    "track": "--wandb online", "wandb-project-name": "--wandb-project", "exp-name": "--run-dir",
+    "net-arch": "--hidden-sizes", "hidden-size": "--hidden-sizes", "n-eval-episodes": "--eval-episodes",
+    "eval-freq": "--eval-interval", "save-freq": "--checkpoint-interval", "num-actors": "--n-actors",
+}
+
+
+def configs_root() -> Path | None:
+    """The folder of the tuned YAML configs: the installed package's data, or a source checkout's top-level configs/."""
+    here = Path(__file__).resolve().parent
+    for root in (here / "configs", here.parent / "configs"):
+        if root.is_dir():
+            return root
+    return None
+
+
+def config_names() -> list[str]:
+    """The tuned configs reachable by name (``--config ppo/lunarlander``)."""
+    root = configs_root()
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml")) if root else []
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """``name`` itself when it is a file; else the tuned config of that name (``ppo/lunarlander``, also spelled
+    ``configs/ppo/lunarlander.yaml`` from any directory). Raises a one-line UserError naming the choices."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    root = configs_root()
+    stem = path.as_posix().removeprefix("./").removeprefix("configs/")
+    if root is not None:
+        candidate = root / (stem if path.suffix in (".yaml", ".yml") else f"{stem}.yaml")
+        if candidate.is_file():
+            return candidate
+    names = ", ".join(config_names()) or "none installed"
+    if path.suffix in (".yaml", ".yml"):
+        raise UserError(f"config file {str(name)!r} not found; pass an existing YAML file to --config or a tuned "
+                        f"config name: {names}")
+    raise UserError(f"unknown config name {str(name)!r}; the tuned configs are: {names} (or pass a YAML file)")
+
+
 def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
-    parser = _ArgParser(prog=prog, description="Train an agent. Flags override --config, which overrides the defaults.",
-                        allow_abbrev=False)
-    parser.add_argument("--config", default=None, help="YAML file with config keys (e.g. configs/ppo/cartpole.yaml)")
+    """Every Config field as a flag, grouped as in Config. Booleans also take no value (``--progress``) and have a
+    ``--no-`` form; lists take several values, commas or brackets."""
+    parser = _ArgParser(
+        prog=prog, allow_abbrev=False, usage="%(prog)s [--config FILE|NAME] [--FLAG VALUE ...]",
+        description="Train an agent. Flags override --config, which overrides the defaults. A boolean flag alone "
+                    "means true (--progress; --no-progress or --progress false for false). Lists: --hidden-sizes "
+                    "128 128, 128,128 or [128,128].")
+    parser.add_argument("--config", default=None, metavar="FILE|NAME",
+                        help="YAML file with config keys, or the name of a tuned config shipped with fastrl: "
+                             + ", ".join(config_names()))
+    groups = {title: parser.add_argument_group(title) for title, _ in HELP_GROUPS}
+    starts = {first: title for title, first in HELP_GROUPS}
+    current = HELP_GROUPS[0][0]
     for f in dataclasses.fields(Config):
+        current = starts.get(f.name, current)
+        group = groups[HELP_GROUP_OF.get(f.name, current)]
         kind = _TYPES[f.name]
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = f"{f.metadata['help']} (default: {default})"
         if f.metadata.get("choices"):
             help_text += f" [choices: {', '.join(f.metadata['choices'])}]"
         flag = "--" + f.name.replace("_", "-")
-        nargs = "+" if kind is list else None
-        parser.add_argument(flag, dest=f.name, default=None, nargs=nargs, help=help_text,
-                            metavar=kind.__name__.upper())
+        if kind is bool:
+            group.add_argument(flag, dest=f.name, default=None, nargs="?", const="true", metavar="BOOL", help=help_text)
+            group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const", const="false",
+                               help=argparse.SUPPRESS)
+        else:
+            group.add_argument(flag, dest=f.name, default=None, nargs="+" if kind is list else None, help=help_text,
+                               metavar=kind.__name__.upper())
     return parser
 
 
+def _unrecognized(extras: list[str]) -> UserError:
+    """One line for the first argument no flag took: the flag meant, when a spelling of it is known."""
+    token = next((t for t in extras if t.startswith("-")), extras[0])
+    if not token.startswith("-"):
+        return UserError(f"unrecognized argument {token!r}; flags take the form --name value (see --help)")
+    name = token.split("=", 1)[0]
+    key = name.lstrip("-").lower().replace("_", "-")
+    flags = sorted({n.replace("_", "-") for n in FIELDS} | {"config"})
+    if key in flags:
+        hint = f"--{key}"
+    elif key in FLAG_ALIASES:
+        hint = FLAG_ALIASES[key]
+    else:
+        close = difflib.get_close_matches(key, flags, n=1, cutoff=0.6)
+        hint = f"--{close[0]}" if close else None
+    if hint:
+        return UserError(f"unrecognized flag {name}; did you mean {hint}?")
+    return UserError(f"unrecognized flag {name}; see --help for the flags")
+
+
 def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[dict, str | None]:
-    """The flags the user actually passed (as raw strings) and the ``--config`` path."""
-    args = build_parser(prog).parse_args(argv)
+    """The flags the user actually passed (as raw strings) and the ``--config`` path or name."""
+    args, extras = build_parser(prog).parse_known_args(argv)
+    if extras:
+        raise _unrecognized(extras)
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     if "hidden_sizes" in overrides:
         overrides["hidden_sizes"] = " ".join(overrides["hidden_sizes"])

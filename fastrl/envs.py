@@ -16,11 +16,18 @@ skip, no-op starts, optional episodic life and reward clipping, all in C++). Wit
 closed only at game over (or truncation). MiniGrid observations are the uint8 egocentric grid ``[N, 3, 7, 7]``
 (object, colour, state codes). ``obs_scale`` is the factor a model applies to turn raw observations into floats
 of order 1 (frames stay uint8 until then).
+
+Env names (a config's ``env``, see ``resolve_env``): an EnvPool or Gymnasium id; ``module:Id`` (``module`` is imported
+first, so its Gymnasium registration runs); ``module:QualName`` of a gymnasium.Env subclass or zero-argument
+factory; or a name given to a factory with ``register_env_factory`` (this process only). Python envs run on the
+Gymnasium vector env, in worker processes (in-process inside a daemonic process, such as an IMPALA actor).
 """
 from __future__ import annotations
 
 import difflib
 import functools
+import importlib
+import multiprocessing
 import warnings
 from dataclasses import dataclass
 
@@ -137,14 +144,109 @@ def atari_kwargs(cfg, training: bool = True) -> dict:
                 episodic_life=cfg.episodic_life and training, reward_clip=cfg.clip_atari_reward and training)
 
 
-@functools.lru_cache(maxsize=1)
 def gymnasium_ids() -> frozenset:
+    """Gymnasium's registered ids, read afresh each call: an id registered after an earlier look-up is found."""
     import gymnasium
     return frozenset(gymnasium.registry.keys())
 
 
+# Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function):
+# a config keeps the name, this registry the object, for this process.
+_ENV_FACTORIES: dict = {}
+
+
+def register_env_factory(name: str, factory) -> str:
+    """Make the env name ``name`` build each env with ``factory()`` (a gymnasium.Env subclass or a zero-argument
+    function returning a gymnasium.Env) in this process. Returns ``name``."""
+    _ENV_FACTORIES[name] = factory
+    return name
+
+
+def _import_attr(module_name: str, qualname: str):
+    """``module.qualname`` (dotted), or None when it cannot be imported or found."""
+    try:
+        obj = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except Exception:  # noqa: BLE001  (any failure means "not importable by name")
+        return None
+
+
+def env_name(env) -> str:
+    """The config string for ``env``. An id string is kept as given (``Id`` or ``module:Id``); a gymnasium.Env
+    subclass or zero-argument factory becomes ``module:QualName`` when that imports back to the same object (so
+    evaluation, a later ``fastrl.load`` and IMPALA's actor processes rebuild it), else a name registered here."""
+    if isinstance(env, str):
+        return env
+    import gymnasium
+    if isinstance(env, gymnasium.Env):
+        raise UserError(f"env is an environment instance ({type(env).__name__}); pass its class or a zero-argument "
+                        "factory instead: fastrl builds n_envs copies")
+    if not callable(env):
+        raise UserError(f"env must be an env id, a gymnasium.Env subclass or a zero-argument factory, got {env!r}")
+    module_name = getattr(env, "__module__", None) or type(env).__module__
+    qualname = getattr(env, "__qualname__", None) or type(env).__qualname__
+    name = f"{module_name}:{qualname}"
+    if _import_attr(module_name, qualname) is env:
+        return name
+    base, k = name, 1
+    while _ENV_FACTORIES.get(name, env) is not env:  # another object already holds this name
+        k += 1
+        name = f"{base}#{k}"
+    return register_env_factory(name, env)
+
+
+def is_process_local(env_id: str) -> bool:
+    """Whether ``env_id`` names a factory registered in this process only (other processes cannot rebuild it)."""
+    return env_id in _ENV_FACTORIES
+
+
+def resolve_env(env_id: str) -> tuple[str, object]:
+    """``(id, factory)`` for a config's ``env``: a registered factory; for ``module:Name``, ``module`` is imported
+    first (so its Gymnasium registrations run), then ``Name`` is an EnvPool/Gymnasium id or a class/factory in
+    ``module``; otherwise ``env_id`` itself, with no factory."""
+    if env_id in _ENV_FACTORIES:
+        return env_id, _ENV_FACTORIES[env_id]
+    if ":" not in env_id:
+        return env_id, None
+    module_name, name = env_id.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001  (whatever the module raises, the user's fix is the same)
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(f"env {env_id!r}: importing module {module_name!r} failed ({type(e).__name__}: {first}); "
+                        "put it on PYTHONPATH or fix the name") from None
+    if name in envpool_ids() or name in gymnasium_ids():
+        return name, None
+    factory = _import_attr(module.__name__, name)
+    if factory is None or not callable(factory):
+        raise UserError(f"env {env_id!r}: module {module_name!r} registers no Gymnasium id {name!r} and has no class "
+                        "or factory of that name")
+    return env_id, factory
+
+
+def env_identity(env_id: str):
+    """What an env built from ``env_id`` depends on beyond the name (a cache key part): its class or factory, or its
+    Gymnasium entry point, so a re-registered id or a redefined class is not served from a stale cache."""
+    lookup_id, factory = resolve_env(env_id)
+    if factory is not None:
+        return factory
+    import gymnasium
+    spec = gymnasium.registry.get(lookup_id)
+    return None if spec is None else spec.entry_point
+
+
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
-    """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids."""
+    """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids.
+
+    A class or factory (see ``resolve_env``) runs on the Gymnasium vector env."""
+    env_id, factory = resolve_env(env_id)
+    if factory is not None:
+        if backend == "envpool":
+            raise UserError(f"env {env_id!r} is a Python class or factory, which EnvPool cannot run; use env_backend "
+                            "auto or gymnasium")
+        return "gymnasium"
     in_envpool, in_gym = env_id in envpool_ids(), env_id in gymnasium_ids()
     if backend == "envpool" and in_envpool or backend == "auto" and in_envpool:
         return "envpool"
@@ -180,6 +282,7 @@ class BatchedEnv:
                  env_kwargs: dict | None = None):
         self.env_id, self.n_envs = env_id, n_envs
         self.backend = resolve_backend(env_id, backend)
+        lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
         env_kwargs = dict(env_kwargs or {})
         if self.backend == "envpool":
             import envpool
@@ -188,14 +291,20 @@ class BatchedEnv:
             try:
                 with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every build
                     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
-                    self._env = envpool.make(env_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+                    self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
             obs_space, act_space = self._env.observation_space, self._env.action_space
         else:
             import gymnasium
-            fns = [functools.partial(gymnasium.make, env_id, **env_kwargs) for _ in range(n_envs)]
-            self._env = gymnasium.vector.AsyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
+            # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.
+            make_one = factory if factory is not None else functools.partial(gymnasium.make, env_id)
+            fns = [functools.partial(make_one, **env_kwargs) for _ in range(n_envs)]
+            # A daemonic process (an IMPALA actor) may not start worker processes, and one env gains nothing from a
+            # worker (probes, single-env evaluation): those step in-process.
+            in_process = multiprocessing.current_process().daemon or n_envs == 1
+            vector_env = gymnasium.vector.SyncVectorEnv if in_process else gymnasium.vector.AsyncVectorEnv
+            self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
         # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
@@ -210,7 +319,7 @@ class BatchedEnv:
                             "and MiniGrid images: wrap the env to flatten its observations")
         self.observation_shape = (channels, height, width) if self._image_key else tuple(obs_space.shape)
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
-        self._game_stats = self.backend == "envpool" and is_atari(env_id)
+        self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
         if self._image_key:
             self.obs_scale = 0.1  # codes: objects < 11, colours < 6, states < 3
         elif obs_space.dtype == np.uint8:
@@ -298,6 +407,12 @@ class RunningMeanStd:
         self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), state["count"].clone()
 
 
+def normalize_observation(obs: torch.Tensor, obs_rms: RunningMeanStd, clip: float) -> torch.Tensor:
+    """``(obs - mean) / sqrt(var + 1e-8)``, clipped to ``[-clip, clip]``, float32: what the policy was trained on."""
+    scaled = (obs.double() - obs_rms.mean) / torch.sqrt(obs_rms.var + 1e-8)
+    return scaled.clamp_(-clip, clip).float()
+
+
 class NormalizedEnv:
     """Running observation normalization and reward scaling around a BatchedEnv.
 
@@ -322,8 +437,7 @@ class NormalizedEnv:
             return obs
         if self.training:
             self.obs_rms.update(obs)
-        scaled = (obs.double() - self.obs_rms.mean) / torch.sqrt(self.obs_rms.var + 1e-8)
-        return scaled.clamp_(-self.obs_clip, self.obs_clip).float()
+        return normalize_observation(obs, self.obs_rms, self.obs_clip)
 
     def reset(self) -> torch.Tensor:
         self.discounted_return.zero_()

@@ -1,9 +1,16 @@
-"""Deterministic evaluation on separate envs: the policy's mode, ``episodes`` episodes per seed."""
+"""Deterministic evaluation on separate envs: the policy's mode, ``episodes`` episodes per seed; and videos of it."""
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from fastrl.envs import make_env
+
+VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
 
 
 def eval_seed(run_seed: int, k: int) -> int:
@@ -35,6 +42,102 @@ def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: in
         env.close()
         results.append(episode_return)
     return torch.cat(results)
+
+
+def _skip_video(reason: str) -> list:
+    print(f"fastrl: warning: no videos: {reason}", file=sys.stderr)
+    return []
+
+
+def _video_observation(obs, cfg, normalizer_state: dict | None) -> torch.Tensor:
+    """One Gymnasium observation as the batched env hands it to the policy: ``[1, *obs_shape]`` (MiniGrid: the
+    image, channels first; float64 as float32), normalized with the frozen statistics like evaluation's."""
+    if isinstance(obs, dict) and "image" in obs:
+        tensor = torch.from_numpy(np.asarray(obs["image"])).permute(2, 0, 1)
+    else:
+        tensor = torch.from_numpy(np.asarray(obs))
+        tensor = tensor.float() if tensor.dtype == torch.float64 else tensor
+    tensor = tensor.unsqueeze(0)
+    if cfg.normalize_obs and normalizer_state is not None:
+        rms = normalizer_state["obs_rms"]
+        tensor = ((tensor.double() - rms["mean"]) / torch.sqrt(rms["var"] + 1e-8)).clamp_(-cfg.obs_clip, cfg.obs_clip).float()
+    return tensor
+
+
+@torch.no_grad()
+def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: torch.device,
+                  episodes: int | None = None, max_frames: int = 5_000) -> list[Path]:
+    """Record the deterministic policy's first ``episodes`` evaluation episodes of the first eval seed (default
+    ``min(3, eval_episodes)``, or 3) to ``video_dir/episode_<i>.mp4``; returns the files written.
+
+    EnvPool envs do not render, so the frames come from a Gymnasium env of the same id in ``rgb_array`` mode,
+    reset with the seeds evaluation gives its Gymnasium envs (the same episodes as the final evaluation when it ran
+    on Gymnasium). An episode longer than ``max_frames`` steps is cut there. When the env cannot render or
+    imageio is not installed, prints one warning line and returns [] (never fails the run).
+    """
+    try:
+        import imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio's mp4 writer)
+    except ImportError:
+        return _skip_video('imageio and imageio-ffmpeg are not installed; pip install -e ".[video]"')
+    import gymnasium
+    if cfg.env not in gymnasium.registry:
+        return _skip_video(f"{cfg.env} has no Gymnasium env of that id to render it (EnvPool envs do not render)")
+    episodes = episodes or min(VIDEO_EPISODES, cfg.eval_episodes or VIDEO_EPISODES)
+    # Off-screen rendering: no display, and no pygame banner on stdout. The caller's own settings win.
+    saved = {key: os.environ.get(key) for key in ("SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT")}
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    env = None
+    try:
+        try:
+            env = gymnasium.make(cfg.env, render_mode="rgb_array")
+        except (gymnasium.error.Error, ImportError, TypeError) as e:
+            return _skip_video(f"Gymnasium could not build {cfg.env} to render it: {str(e).splitlines()[0]}")
+        if "rgb_array" not in env.metadata.get("render_modes", []):
+            return _skip_video(f"{cfg.env} cannot render rgb_array frames")
+        space = env.action_space
+        video_dir = Path(video_dir)
+        fps = env.metadata.get("render_fps") or 30
+        written = []
+        for i in range(episodes):
+            obs, _ = env.reset(seed=eval_seed(cfg.seed, 0) + i)
+            try:
+                frame = env.render()
+            except Exception as e:  # noqa: BLE001  (pygame missing, no GL context for MuJoCo, ...)
+                return _skip_video(f"{cfg.env} cannot render: {type(e).__name__}: {(str(e) or '?').splitlines()[0]}")
+            video_dir.mkdir(parents=True, exist_ok=True)
+            path = video_dir / f"episode_{i}.mp4"
+            writer = imageio.get_writer(path, fps=fps, macro_block_size=2)
+            try:
+                writer.append_data(np.asarray(frame))
+                for _ in range(max_frames):
+                    policy_obs = _video_observation(obs, cfg, normalizer_state).to(device)
+                    action = agent.act_deterministic(policy_obs).cpu()[0]
+                    if isinstance(space, gymnasium.spaces.Discrete):
+                        action = int(action)
+                    else:
+                        action = np.clip(action.numpy(), space.low, space.high).astype(space.dtype)
+                    obs, _, terminated, truncated, _ = env.step(action)
+                    writer.append_data(np.asarray(env.render()))
+                    if terminated or truncated:
+                        break
+            except RuntimeError as e:  # e.g. a Gymnasium twin whose observations differ from the training env's
+                writer.close()
+                path.unlink(missing_ok=True)
+                return _skip_video(f"the policy could not play Gymnasium's {cfg.env}: {str(e).splitlines()[0]}")
+            finally:
+                writer.close()  # idempotent
+            written.append(path)
+        return written
+    finally:
+        if env is not None:
+            env.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu"):

@@ -8,7 +8,9 @@ brings the algorithm; the loop brings everything else, once, for all of them::
         metrics = trainer.update()         # gradient steps; non-finite ones skipped inside the optimizer step
         every log_interval: episode stats, logging, periodic evaluation, rollback guard, stop_at_return
         every checkpoint_interval: checkpoint (never from non-finite weights)
-    final checkpoint, final evaluation, summary.json (one schema)
+        callbacks(metrics, run), if any    # user code (fastrl.callbacks); a False ends the run as its budget would
+    final checkpoint, final evaluation (also an eval/* row in every sink), videos (capture_video),
+    summary.json (one schema), learning_curve.png (plot)
 
 The trainer interface:
 - ``cfg``, ``agent`` (the ``nn.Module`` that acts and is evaluated), ``global_step`` (env steps, all ranks),
@@ -25,25 +27,41 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import torch
 
 from fastrl import distributed
+from fastrl.callbacks import RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
-from fastrl.evaluate import evaluate
+from fastrl.evaluate import evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import NullLogger, RunLogger
+from fastrl.plot import write_run_plot
 from fastrl.rundir import restart_count, write_config
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (imports and start-up included), from /proc; None elsewhere."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime_s = float(open("/proc/uptime").read().split()[0])
+        return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def install_stop_handlers(flag: dict) -> dict:
     """SIGINT/SIGTERM set ``flag["stop"]``: the run ends after the current iteration. Returns the previous handlers."""
     def handler(signum, _frame):
         flag["stop"] = signum
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # Python sets handlers only in the main thread (e.g. fastrl.train called from a worker thread)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     for sig in previous:
         signal.signal(sig, handler)
@@ -72,8 +90,19 @@ def _plain(metrics: dict) -> dict:
     return {k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()}
 
 
-def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
-    """Train to the end of the budget, a stop signal or ``stop_at_return``; write the run's files; return the summary."""
+# One logged name per figure, as CleanRL names them; the trainer's episode_summary() keys stay the summary's.
+EPISODE_METRICS = {"episode_return_mean": "charts/episodic_return", "episode_length_mean": "charts/episodic_length",
+                   "episodes": "charts/episodes", "episode_window_full": "charts/episode_window_full"}
+
+
+def episode_metrics(recent: dict) -> dict:
+    """``episode_summary()`` under its logged names (``charts/episodic_return``, ...)."""
+    return {EPISODE_METRICS.get(key, f"charts/{key}"): value for key, value in recent.items()}
+
+
+def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=()) -> dict:
+    """Train to the end of the budget, a stop signal, ``stop_at_return`` or a callback's False; write the run's files;
+    return the summary. ``callbacks``: called after every iteration, see ``fastrl.callbacks``."""
     cfg = trainer.cfg
     logger = NullLogger()
     if dist_info.is_main:
@@ -89,6 +118,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
     start_time = time.perf_counter()
     start_step = trainer.global_step
     last_log_time, last_log_step = start_time, trainer.global_step
+    run_context, stopped_by_callback = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step), False
     try:
         while not trainer.finished() and stop["stop"] is None:
             if not trainer.collect():
@@ -99,9 +129,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
                 recent = trainer.episode_summary()
                 sps = (trainer.global_step - last_log_step) / max(now - last_log_time, 1e-9)
                 last_log_time, last_log_step = now, trainer.global_step
-                record = {"sps": sps, "charts/SPS": sps, **recent, **_plain(metrics), **trainer.log_extras()}
-                if "episode_return_mean" in recent:
-                    record["charts/episodic_return"] = recent["episode_return_mean"]
+                record = {"charts/SPS": sps, "time/elapsed_s": now - start_time, **episode_metrics(recent),
+                          **_plain(metrics), **trainer.log_extras()}
                 if cfg.eval_interval and cfg.eval_episodes and trainer.iteration % cfg.eval_interval == 0:
                     # Rank 0 evaluates; every rank judges the same figure, so all roll back together.
                     record.update(distributed.broadcast_object(evaluate_trainer(trainer) if dist_info.is_main else {}))
@@ -124,6 +153,10 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
                 save_if_finite(trainer, run_dir)
+            if callbacks and not run_callbacks(callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())},
+                                                run_context):
+                stopped_by_callback = True
+                break
         wall_time = time.perf_counter() - start_time
         final_episodes = trainer.episode_summary()
         summary = {"algo": cfg.algo, "env": cfg.env, "seed": cfg.seed,
@@ -132,11 +165,12 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
                    "episode_return_mean": final_episodes.get("episode_return_mean"),
                    "episodes": final_episodes.get("episodes", 0),
                    "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
+                   "stopped_by_callback": stopped_by_callback,
                    "resumed_from_step": start_step, "rollbacks": guard.rollbacks,
                    "reached_return": threshold is not None,
                    "steps_to_return": threshold[0] if threshold else None,
                    "time_to_return_s": threshold[1] if threshold else None,
-                   "restart_count": restart_count()}
+                   "restart_count": restart_count(), "process_time_s": process_seconds()}
         if dist_info.is_main:
             save_if_finite(trainer, run_dir)
         normalizer = trainer.normalizer_state()
@@ -148,12 +182,17 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo) -> dict:
                 final_eval = evaluate_trainer(trainer, normalizer)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
+                logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
+            if cfg.capture_video and stop["stop"] is None:
+                record_videos(trainer.agent, cfg, normalizer, run_dir / "videos", trainer.device)
             summary["run_dir"] = str(run_dir)
         hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
         if dist_info.is_main:
             summary["world_size"] = dist_info.world_size
             summary["param_hashes"] = hashes
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            if cfg.plot:
+                write_run_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
         return summary
     finally:
         for sig, handler in previous_handlers.items():

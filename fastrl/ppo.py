@@ -64,7 +64,8 @@ def ppo_loss(agent, minibatch: TensorDict, cfg, autocast=nullcontext) -> tuple[t
 
 
 def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
-               generator: torch.Generator | None = None, sync_grads=None, loss_fn=None, scaler=None) -> dict:
+               generator: torch.Generator | None = None, sync_grads=None, loss_fn=None, scaler=None,
+               step_fn=None) -> dict:
     """``n_epochs`` x ``n_minibatches`` gradient steps on one rollout; returns 0-d tensor diagnostics.
 
     Per minibatch: one forward/backward, ``sync_grads()`` (the cross-rank gradient average, when
@@ -72,6 +73,8 @@ def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
     With ``target_kl`` > 0 the epoch loop stops early once approx_kl exceeds it (one sync per epoch).
     ``loss_fn(*loss_inputs(minibatch))`` (default: eager ``ppo_loss_terms``) may be a compiled, autocast
     version; ``scaler`` is the fp16 GradScaler or None.
+    ``step_fn(*loss_inputs(minibatch)) -> (stats, nonfinite)`` (a ``fastrl.learner.CompiledUpdate``), when given,
+    is the whole gradient step instead of ``loss_fn`` + ``backward_step``; it does its own gradient sync.
     """
     if loss_fn is None:
         loss_fn = functools.partial(ppo_loss_terms, agent, cfg)
@@ -81,9 +84,13 @@ def ppo_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, cfg,
     nonfinite_updates = torch.zeros((), dtype=torch.int64, device=batch.device)
     for _epoch in range(cfg.n_epochs):
         for minibatch in iterate_minibatches(batch, cfg.n_minibatches, generator):
-            loss, stats = loss_fn(*loss_inputs(minibatch))
-            stats = dict(stats)
-            stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads, scaler)
+            if step_fn is not None:
+                stats, nonfinite = step_fn(*loss_inputs(minibatch))
+            else:
+                loss, stats = loss_fn(*loss_inputs(minibatch))
+                stats = dict(stats)
+                stats["grad_norm"], nonfinite = backward_step(loss, optimizer, params, cfg.max_grad_norm, sync_grads,
+                                                              scaler)
             nonfinite_updates = nonfinite_updates + nonfinite
             for key, value in stats.items():
                 totals[key] = totals.get(key, 0.0) + value.detach()

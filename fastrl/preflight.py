@@ -11,7 +11,8 @@ combinations); it adds what only the machine, the launch and the env can tell:
 - device: CUDA present, the GPU index exists, one GPU per torchrun rank;
 - precision: fp16 needs CUDA, bf16 a GPU that has it; deterministic CUDA needs cuBLAS's workspace setting;
 - env x model: one env is built (then closed) to learn the observation shape and dtype; the encoder must fit
-  them, and normalize_obs needs float observations.
+  them, and normalize_obs needs float observations;
+- env x launch: impala/appo actors rebuild the env by name, so a factory known to this process only is refused.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
         check_run_dir(cfg)
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
+    check_env_for_actors(cfg)
     observation_shape, observation_dtype, _action_spec = probe_env(cfg)
     check_model(cfg, observation_shape, observation_dtype)
 
@@ -128,16 +130,27 @@ def check_precision(cfg: Config, device: torch.device) -> None:
                         "CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting the run, or drop --deterministic")
 
 
+def check_env_for_actors(cfg: Config) -> None:
+    """impala/appo actors are fresh processes that rebuild the env from its name: a factory known to this process
+    only (a lambda, a class defined inside a function) cannot reach them."""
+    from fastrl.envs import is_process_local
+    if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
+        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, defined inside a function or as "
+                        "a lambda: define its class or factory at the top level of a module, or use --algo ppo")
+
+
 def probe_env(cfg: Config) -> tuple[tuple, torch.dtype, ActionSpec]:
     """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
     (cached per env settings)."""
-    from fastrl.envs import atari_kwargs, is_atari
+    from fastrl.envs import atari_kwargs, env_identity, is_atari
     kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
-    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())))
+    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env))
 
 
 @functools.lru_cache(maxsize=32)
-def _probe(env_id: str, backend: str, env_kwargs: tuple) -> tuple[tuple, torch.dtype, ActionSpec]:
+def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None) -> tuple[tuple, torch.dtype, ActionSpec]:
+    """``identity`` (the env's class, factory or Gymnasium entry point) keys the cache only: a redefined class or a
+    re-registered id under the same name is probed afresh."""
     from fastrl.envs import BatchedEnv
     try:
         env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None)

@@ -1,7 +1,7 @@
 """Run directories: where a run writes, who may write there, and rewinding its logs on resume.
 
-A run directory holds ``config.yaml``, ``metrics.jsonl``, ``tb/`` (TensorBoard), ``wandb/``, ``checkpoints/`` and
-``summary.json``. One run owns it:
+A run directory holds ``config.yaml``, ``metrics.jsonl``, ``tb/`` (TensorBoard), ``wandb/``, ``checkpoints/``,
+``summary.json``, ``learning_curve.png`` and ``videos/``. One run owns it:
 - a new run never writes into a directory that already holds a run, unless ``resume`` (continue it) or
   ``overwrite`` (delete its logs and checkpoints first) is given; a torchrun restart of the same job continues it;
 - a resumed run rewinds its logs to the checkpoint's step, so the series read as one run.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -18,14 +19,15 @@ from fastrl import distributed
 from fastrl.config import Config, UserError
 
 # What makes a directory "hold a run"; also what --overwrite deletes (nothing else in the directory is touched).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json")
-RUN_DIRS = ("checkpoints", "tb", "wandb")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png")
+RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
 
 
 def default_run_dir(cfg: Config) -> Path:
     """``runs/<env>__<algo>__<seed>__<time>``, with a numeric suffix if that name is taken."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path("runs") / f"{cfg.env.replace('/', '_').replace(':', '_')}__{cfg.algo}__{cfg.seed}__{stamp}"
+    env = re.sub(r"[^\w.-]", "_", cfg.env)  # ALE/Pong-v5, module:Id, module:make.<locals>.<lambda>: one safe name
+    base = Path("runs") / f"{env}__{cfg.algo}__{cfg.seed}__{stamp}"
     path, k = base, 1
     while path.exists():
         path, k = Path(f"{base}-{k}"), k + 1

@@ -18,11 +18,12 @@ import torch
 
 from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
-from fastrl.amp import autocast_factory, grad_scaler, make_optimizer, maybe_compile, resolve_compile
+from fastrl.amp import autocast_factory, compile_plan, grad_scaler, make_optimizer, maybe_compile
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_rng_state, rng_state
 from fastrl.config import Config
 from fastrl.envs import make_env
+from fastrl.learner import CompiledUpdate
 from fastrl.models import make_agent
 from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
 
@@ -117,7 +118,9 @@ class Trainer:
         cfg, agent = self.cfg, self.agent
         self.autocast = autocast_factory(self.device, cfg.amp)
         self.scaler = grad_scaler(self.device, cfg.amp)
-        self.compile_mode = resolve_compile(cfg.compile, self.device)
+        gradient_steps = max(1, cfg.total_steps // (self.n_envs * cfg.n_steps * self.dist.world_size)) * (
+            1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
+        self.compile_mode, self.update_compile_mode = compile_plan(cfg.compile, self.device, gradient_steps)
         autocast = self.autocast
 
         def policy_step(obs):
@@ -137,6 +140,12 @@ class Trainer:
         self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
         self.bootstrap_value = maybe_compile(bootstrap_value, mode, "the bootstrap value forward")
         self.loss_fn = maybe_compile(loss_fn, mode, f"the {cfg.algo} loss")
+        # Compiled: the whole gradient step (forward, loss, gradient, clip, optimizer math) as one graph.
+        self.step_fn = None
+        if self.update_compile_mode != "off" and self.scaler is None:  # fp16's GradScaler stays on the eager path
+            sync = self._sync_flat_grads if self.dist.enabled else None
+            self.step_fn = CompiledUpdate(agent, self.optimizer, cfg, cfg.algo, autocast, self.update_compile_mode,
+                                          sync_grads=sync)
 
     # ------------------------------------------------------------------ hot path
     def finished(self) -> bool:
@@ -191,13 +200,21 @@ class Trainer:
             compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
             sync = self._sync_grads if self.dist.enabled else None
             if self.cfg.algo == "a2c":
-                metrics = a2c_update(self.agent, self.optimizer, batch, self.cfg, sync, self.loss_fn, self.scaler)
+                metrics = a2c_update(self.agent, self.optimizer, batch, self.cfg, sync, self.loss_fn, self.scaler,
+                                     step_fn=self.step_fn)
             else:
                 metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync,
-                                     loss_fn=self.loss_fn, scaler=self.scaler)
+                                     loss_fn=self.loss_fn, scaler=self.scaler, step_fn=self.step_fn)
+        if self.step_fn is not None and not self.step_fn.compiled:
+            self.step_fn = None  # compiling failed: today's eager step beats the functional code run eagerly
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
         return metrics
+
+    def _sync_flat_grads(self, flat_grad: torch.Tensor) -> None:
+        with self.timer.section("allreduce"):
+            distributed.all_reduce_(flat_grad)
+            flat_grad.div_(self.dist.world_size)
 
     def _sync_grads(self) -> None:
         with self.timer.section("allreduce"):

@@ -9,7 +9,9 @@
     loss, stats = kernels.pg_loss(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_coef)
 
 Each public function dispatches by device (Triton on CUDA, a C kernel on CPU) and has a plain-loop twin
-``*_reference`` that the tests compare against.
+``*_reference`` that the tests compare against. ``valid`` (losses only) defaults to None: every sample
+counts. Coefficients out of range (``gamma``, ``lam`` outside [0, 1]; ``rho_bar``, ``c_bar``, ``clip_coef``
+<= 0; ``vf_coef``, ``ent_coef`` < 0) are one-line ValueErrors. From a CleanRL-style loop, see ``kernels.gae``.
 """
 from kernels.gae import gae, gae_reference
 from kernels.losses import pg_loss, pg_loss_reference, ppo_loss, ppo_loss_reference

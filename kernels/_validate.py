@@ -54,6 +54,29 @@ def scalar(op, name, x):
     raise ValueError(f"{op}: `{name}` must be a Python float or a 0-d tensor, got {type(x).__name__}")
 
 
+def coefficient(op, name, x):
+    """A Python float, or a 0-d tensor kept as a tensor (no sync; lets compiled losses take it as an input)."""
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1:
+            raise ValueError(f"{op}: `{name}` must be a Python float or a 0-d tensor, got shape {tuple(x.shape)}")
+        return x.reshape(())
+    return scalar(op, name, x)
+
+
 def check_backend(op, backend, choices):
     if backend not in choices:
         raise ValueError(f"{op}: `backend` must be one of {choices}, got {backend!r}")
+
+
+def check_range(op, name, x, low, high=None, low_open=False):
+    """Refuse a Python-float ``x`` outside ``[low, high]`` (``(low, high]`` with ``low_open``; no upper bound if
+    ``high`` is None); NaN is refused too. 0-d tensors pass unread: checking one would cost a host sync."""
+    if isinstance(x, torch.Tensor):
+        return
+    above = x > low if low_open else x >= low
+    if not (above and (high is None or x <= high)):
+        if high is not None:
+            where = f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        else:
+            where = f"{'>' if low_open else '>='} {low:g}"
+        raise ValueError(f"{op}: `{name}` must be {where}, got {x!r}")

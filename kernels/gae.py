@@ -7,11 +7,22 @@
 ``next_value[t]`` is V(s_{t+1}), the value of the observation that followed step t (the final
 observation when the episode was truncated). ``done = terminated | truncated`` cuts the recursion;
 only ``terminated`` stops bootstrapping. Same semantics as TorchRL's ``generalized_advantage_estimate``.
+
+From a CleanRL-style loop, where ``dones[t]`` flags that ``obs[t]`` began a new episode (the previous step's
+done) and ``next_done`` / ``next_obs`` follow the last step, shift by one step::
+
+    done = torch.cat([dones[1:], next_done[None]])                                  # step t ended an episode
+    next_value = torch.cat([values[1:], agent.get_value(next_obs).reshape(1, -1)])  # V(obs step t returned)
+    adv, returns = kernels.gae(rewards, values, next_value, done, terminated=done, gamma=0.99, lam=0.95)
+
+``terminated=done`` is CleanRL's own rule (every end is terminal), right when the env's auto-reset hands back
+the next episode's first observation. To bootstrap time-limit truncations, pass ``terminated`` (shifted the
+same way) and put V(real final observation) in ``next_value`` at truncated steps.
 """
 import torch
 
 from kernels import _backend
-from kernels._validate import check_backend, check_tensors, scalar
+from kernels._validate import check_backend, check_range, check_tensors, scalar
 
 _OP = "kernels.gae"
 
@@ -70,7 +81,7 @@ def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None
     Args:
         reward, value, next_value: float32/bfloat16/float16 ``[T, *B]`` (time first, any batch dims).
         done, terminated: bool or 0/1 float ``[T, *B]``; ``done`` = terminated or truncated.
-        gamma, lam: Python floats or 0-d tensors.
+        gamma, lam: Python floats or 0-d tensors, each in [0, 1] (anything else is a ValueError).
         backend: None picks Triton for CUDA tensors and the C kernel for CPU tensors. "reference",
             "torch", "cpu" or "triton" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
 
@@ -82,6 +93,8 @@ def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None
     tensors = dict(reward=reward, value=value, next_value=next_value, done=done, terminated=terminated)
     _, device = check_tensors(_OP, tensors, ("reward", "value", "next_value"), ("done", "terminated"))
     gamma, lam = scalar(_OP, "gamma", gamma), scalar(_OP, "lam", lam)
+    check_range(_OP, "gamma", gamma, 0.0, 1.0)
+    check_range(_OP, "lam", lam, 0.0, 1.0)
     args = [x.detach() for x in tensors.values()]
     if backend is None and _backend.compiling():
         return _gae_op(*args, gamma, lam)

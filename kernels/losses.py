@@ -19,7 +19,7 @@ backward is one multiply per input); composed torch ops on CPU and inside ``torc
 import torch
 
 from kernels import _backend
-from kernels._validate import FLOAT_DTYPES, check_backend, scalar
+from kernels._validate import FLOAT_DTYPES, check_backend, check_range, coefficient, scalar
 
 ADV_EPS = 1e-8
 
@@ -71,8 +71,8 @@ def _normalize(advantage, mask, count):
 
 
 def ppo_loss_reference(
-    new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid,
-    clip_coef, vf_coef, ent_coef, clip_vloss=True, vf_clip=None, normalize_advantage=True,
+    new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid=None,
+    clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, clip_vloss=True, vf_clip=None, normalize_advantage=True,
 ):
     """Composed-torch twin of :func:`ppo_loss` (float64 inputs stay float64). Returns ``(loss, stats)``."""
     dtype = _compute_dtype(new_logp, old_logp, advantage, new_value, old_value, value_target, entropy)
@@ -109,8 +109,9 @@ def ppo_loss_reference(
 
 
 def ppo_loss(
-    new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid,
-    clip_coef, vf_coef, ent_coef, clip_vloss=True, vf_clip=None, normalize_advantage=True, *, backend=None,
+    new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid=None,
+    clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, clip_vloss=True, vf_clip=None, normalize_advantage=True, *,
+    backend=None,
 ):
     """The PPO loss of one minibatch (see the module docstring for the formulas).
 
@@ -122,8 +123,11 @@ def ppo_loss(
         old_value: V(s) at collection time (only used when ``clip_vloss``).
         value_target: the regression target (returns).
         entropy: per-sample policy entropy, differentiable, or None.
-        valid: bool mask of the samples that count, or None for all.
-        clip_coef, vf_coef, ent_coef, vf_clip: Python floats; ``vf_clip`` None means ``clip_coef``.
+        valid: bool mask of the samples that count, or None (the default) for all.
+        clip_coef, vf_coef, ent_coef, vf_clip: Python floats or 0-d tensors (kept as tensors, without a sync,
+            except for the Triton backend); defaults 0.2, 0.5, 0.01 (CleanRL's); ``vf_clip`` None means
+            ``clip_coef``. Python floats are range-checked (``clip_coef`` and ``vf_clip`` > 0, ``vf_coef`` and
+            ``ent_coef`` >= 0; anything else is a ValueError); 0-d tensors are not read on the host.
         backend: None (Triton on CUDA, composed torch elsewhere and under torch.compile), "reference",
             "torch" or "triton".
     All tensors share one shape and device; float dtypes are float32, bfloat16, float16 or float64.
@@ -144,9 +148,14 @@ def ppo_loss(
             raise ValueError(f"{op}: `{name}` must be a torch.Tensor, got NoneType")
     first = _check(op, tensors, valid)
     coefs = dict(clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef)
-    coefs = {k: scalar(op, k, v) for k, v in coefs.items()}
-    vf_clip = coefs["clip_coef"] if vf_clip is None else scalar(op, "vf_clip", vf_clip)
     resolved = _resolve_loss_backend(op, backend, first.device)
+    convert = scalar if resolved == "triton" else coefficient
+    coefs = {k: convert(op, k, v) for k, v in coefs.items()}
+    vf_clip = coefs["clip_coef"] if vf_clip is None else convert(op, "vf_clip", vf_clip)
+    check_range(op, "clip_coef", coefs["clip_coef"], 0.0, low_open=True)
+    check_range(op, "vf_clip", vf_clip, 0.0, low_open=True)
+    check_range(op, "vf_coef", coefs["vf_coef"], 0.0)
+    check_range(op, "ent_coef", coefs["ent_coef"], 0.0)
     args = (new_logp, old_logp, advantage, new_value, old_value, value_target, entropy, valid,
             coefs["clip_coef"], coefs["vf_coef"], coefs["ent_coef"], bool(clip_vloss), vf_clip,
             bool(normalize_advantage))
@@ -155,7 +164,7 @@ def ppo_loss(
     return ppo_loss_reference(*args)
 
 
-def pg_loss_reference(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_coef,
+def pg_loss_reference(logp, advantage, value, value_target, entropy, valid=None, vf_coef=0.5, ent_coef=0.01,
                       normalize_advantage=False):
     """Composed-torch twin of :func:`pg_loss` (float64 inputs stay float64). Returns ``(loss, stats)``."""
     dtype = _compute_dtype(logp, advantage, value, value_target, entropy)
@@ -172,7 +181,7 @@ def pg_loss_reference(logp, advantage, value, value_target, entropy, valid, vf_c
     return loss, stats
 
 
-def pg_loss(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_coef,
+def pg_loss(logp, advantage, value, value_target, entropy, valid=None, vf_coef=0.5, ent_coef=0.01,
             normalize_advantage=False, *, backend=None):
     """The A2C / IMPALA actor-critic loss of one batch.
 
@@ -180,7 +189,9 @@ def pg_loss(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_c
         loss = policy_loss - ent_coef * mean(entropy) + vf_coef * value_loss
 
     ``A`` is ``advantage`` (GAE for A2C, V-trace ``pg_advantage`` for IMPALA), treated as a constant and
-    normalized per batch when ``normalize_advantage``. Means are masked over ``valid`` (bool or None).
+    normalized per batch when ``normalize_advantage``. Means are masked over ``valid`` (bool, or None, the
+    default, for all samples). ``vf_coef`` and ``ent_coef`` (defaults 0.5, 0.01) are Python floats, checked
+    >= 0, or 0-d tensors.
     Returns ``(loss, stats)`` with detached 0-d ``policy_loss``, ``value_loss`` and ``entropy``;
     gradients flow to ``logp``, ``value`` and ``entropy``.
     """
@@ -191,8 +202,11 @@ def pg_loss(logp, advantage, value, value_target, entropy, valid, vf_coef, ent_c
         if tensors[name] is None:
             raise ValueError(f"{op}: `{name}` must be a torch.Tensor, got NoneType")
     first = _check(op, tensors, valid)
-    vf_coef, ent_coef = scalar(op, "vf_coef", vf_coef), scalar(op, "ent_coef", ent_coef)
     resolved = _resolve_loss_backend(op, backend, first.device)
+    convert = scalar if resolved == "triton" else coefficient
+    vf_coef, ent_coef = convert(op, "vf_coef", vf_coef), convert(op, "ent_coef", ent_coef)
+    check_range(op, "vf_coef", vf_coef, 0.0)
+    check_range(op, "ent_coef", ent_coef, 0.0)
     args = (logp, advantage, value, value_target, entropy, valid, vf_coef, ent_coef, bool(normalize_advantage))
     if resolved == "triton":
         return _backend.triton_module().pg_loss(*args)

@@ -13,7 +13,7 @@ our ``target_logp`` and ``log_mu`` our ``behavior_logp``).
 import torch
 
 from kernels import _backend
-from kernels._validate import check_backend, check_tensors, scalar
+from kernels._validate import check_backend, check_range, check_tensors, scalar
 
 _OP = "kernels.vtrace"
 _FLOATS = ("behavior_logp", "target_logp", "reward", "value", "next_value")
@@ -96,7 +96,8 @@ def vtrace(
         target_logp: log pi(a_t | s_t) of the learner policy, ``[T, *B]``.
         reward, value, next_value: ``[T, *B]``; float inputs are float32, bfloat16 or float16.
         done, terminated: bool or 0/1 float ``[T, *B]``; ``done`` = terminated or truncated.
-        gamma, rho_bar, c_bar, lam: Python floats or 0-d tensors.
+        gamma, rho_bar, c_bar, lam: Python floats or 0-d tensors; ``gamma`` and ``lam`` in [0, 1], ``rho_bar``
+            and ``c_bar`` > 0 (anything else is a ValueError).
         backend: as in :func:`kernels.gae`.
 
     Returns:
@@ -110,6 +111,10 @@ def vtrace(
     )
     _, device = check_tensors(_OP, tensors, _FLOATS, ("done", "terminated"))
     scalars = [scalar(_OP, n, x) for n, x in (("gamma", gamma), ("rho_bar", rho_bar), ("c_bar", c_bar), ("lam", lam))]
+    check_range(_OP, "gamma", scalars[0], 0.0, 1.0)
+    check_range(_OP, "rho_bar", scalars[1], 0.0, low_open=True)
+    check_range(_OP, "c_bar", scalars[2], 0.0, low_open=True)
+    check_range(_OP, "lam", scalars[3], 0.0, 1.0)
     args = [x.detach() for x in tensors.values()] + scalars
     if backend is None and _backend.compiling():
         return _vtrace_op(*args)

@@ -12,7 +12,7 @@ from fastrl.config import UserError, load_yaml, make_config
 from fastrl.ppo import compute_advantages
 from fastrl.train import Trainer, run
 
-QUIET = dict(progress=False, tensorboard=False, wandb="disabled")
+QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
 
 def test_a2c_defaults_apply_under_yaml_and_flags():

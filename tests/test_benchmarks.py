@@ -24,7 +24,7 @@ def test_run_parts_map_to_scripts_with_a_main_entry_point():
     for part, scripts in run.PARTS.items():
         for module, _ in scripts:
             assert callable(getattr(importlib.import_module(module), "main", None)), (part, module)
-    assert set(run.DEFAULT_PARTS) == set(run.PARTS) - {"impala"}
+    assert set(run.DEFAULT_PARTS) == set(run.PARTS) - {"impala", "learner", "default"}  # the opt-in parts
     assert run._parse(["train_sps", "end-to-end"]).parts == ["end-to-end"]  # alias, de-duplicated
 
 
@@ -130,7 +130,8 @@ def test_report_names_a_schema_it_does_not_know(tmp_path):
 # ---------------------------------------------------------------------------------------------- peers.py
 def test_fastrl_curve_integrates_sections_or_uses_elapsed():
     rows = [{"global_step": 100, "time/collect_s": 1.0, "time/update_s": 0.5},
-            {"global_step": 200, "time/collect_s": 1.0, "time/update_s": 0.5, "episode_return_mean": 10.0}]
+            {"global_step": 200, "time/collect_s": 1.0, "time/update_s": 0.5, "charts/episodic_return": 10.0},
+            {"global_step": 200, "eval/return_mean": 20.0, "eval/return_std": 1.0}]  # the final evaluation's row
     assert peers.fastrl_curve(rows) == [[100, 1.5, None], [200, 3.0, 10.0]]
     rows = [{"global_step": 100, "time/elapsed_s": 4.0, "time/collect_s": 1.0, "time/update_s": 0.5}]
     assert peers.fastrl_curve(rows) == [[100, 4.0, None]]

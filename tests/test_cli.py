@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET
+from conftest import QUIET, one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_LINE = re.compile(r"^\S.*: error: .+$")
@@ -129,3 +129,175 @@ def test_readme_test_command_is_what_ci_runs_and_is_pinned():
         name = canonicalize_name(Requirement(spec).name)
         assert name in pinned, f"{name} is not in constraints.txt"
     assert str(pinned["torch"].specifier) == "==2.13.0"
+
+
+# ------------------------------------------------------------------------------------------ flags (issue 12)
+def _imported_modules(importtime_stderr: str) -> set:
+    """Module names from ``python -X importtime`` output (``import time: self | cumulative | name``)."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2}
+
+
+@pytest.mark.parametrize("args", [["-m", "fastrl.train", "--help"], ["-m", "fastrl", "train", "--help"],
+                                  ["-m", "fastrl", "plot", "--help"], ["-m", "fastrl", "--help"]])
+def test_help_is_fast_and_never_imports_torch(args):
+    proc = _run(["-X", "importtime", *args], timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    heavy = {m for m in _imported_modules(proc.stderr) if m.split(".")[0] in ("torch", "numpy", "envpool", "matplotlib")}
+    assert not heavy, f"--help imported {sorted(heavy)[:5]}"
+    assert "usage:" in proc.stdout
+
+
+def test_train_module_keeps_its_public_names_without_importing_torch_first():
+    code = ("import sys, fastrl.train as t; assert 'torch' not in sys.modules, 'import fastrl.train loaded torch'; "
+            "from fastrl.train import Trainer, env_seed, run, main, config_from_cli, make_trainer; "
+            "assert Trainer.__name__ == 'Trainer' and env_seed(1, 0, 0) >= 0; print('ok')")
+    proc = _run(["-c", code], timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_help_is_grouped():
+    from fastrl.config import HELP_GROUPS, build_parser
+    text = build_parser().format_help()
+    titles = ["run", "environment", "model", "algorithm (every algorithm)", "PPO", "IMPALA / APPO",
+              "logging, checkpoints, evaluation", "guards"]
+    assert [t for t, _ in HELP_GROUPS] == titles
+    positions = [text.index(f"\n{title}:\n") for title in titles]
+    assert positions == sorted(positions), "groups out of order"
+
+    def group_of(flag):
+        at = re.search(r"^\s+" + re.escape(flag) + r"\s", text, re.M).start()
+        return [t for t, p in zip(titles, positions) if p < at][-1]
+
+    expected = {"--algo": "run", "--resume": "run", "--env": "environment", "--n-envs": "environment",
+                "--hidden-sizes": "model", "--lr": "algorithm (every algorithm)", "--clip-coef": "PPO",
+                "--n-actors": "IMPALA / APPO", "--eval-interval": "logging, checkpoints, evaluation",
+                "--capture-video": "logging, checkpoints, evaluation", "--plot": "logging, checkpoints, evaluation",
+                "--rollback": "guards", "--max-nonfinite-iterations": "guards"}
+    assert {flag: group_of(flag) for flag in expected} == expected
+    assert "--no-tensorboard" not in text and text.count("--no-progress") == 1, "--no-X is described once, not listed"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--progress"], True), (["--no-progress"], False), (["--progress", "false"], False), (["--progress", "true"], True),
+    (["--progress", "0"], False), (["--no-progress", "--progress"], True), (["--progress", "--no-progress"], False),
+])
+def test_bare_boolean_flags(argv, expected):
+    from fastrl.config import parse_cli
+    assert parse_cli(argv).progress is expected
+
+
+def test_bare_boolean_does_not_swallow_the_next_flag():
+    from fastrl.config import parse_cli
+    cfg = parse_cli(["--capture-video", "--seed", "7", "--no-tensorboard", "--deterministic", "--n-envs", "4"])
+    assert (cfg.capture_video, cfg.seed, cfg.tensorboard, cfg.deterministic, cfg.n_envs) == (True, 7, False, True, 4)
+    assert parse_cli([]).capture_video is False and parse_cli([]).plot is True
+
+
+@pytest.mark.parametrize("argv", [["128", "128"], ["128,128"], ["[128,128]"], ["[128,", "128]"], ["128,", "128"]])
+def test_list_flags_accept_spaces_commas_and_brackets(argv):
+    from fastrl.config import parse_cli
+    assert parse_cli(["--hidden-sizes", *argv]).hidden_sizes == [128, 128]
+
+
+@pytest.mark.parametrize("argv", [["--hidden-sizes", "[]"], ["--hidden-sizes", "128,x"], ["--hidden-sizes", "[0]"]])
+def test_bad_list_flags_are_one_line(argv):
+    from fastrl.config import parse_cli
+    message = one_line_error(parse_cli, argv)
+    assert "hidden_sizes" in message
+
+
+@pytest.mark.parametrize("flag, meant", [
+    ("--num-envs", "--n-envs"), ("--learning-rate", "--lr"), ("--env-id", "--env"),
+    ("--total-timesteps", "--total-steps"), ("--num-steps", "--n-steps"), ("--update-epochs", "--n-epochs"),
+    ("--num-minibatches", "--n-minibatches"), ("--clip-range", "--clip-coef"), ("--batch-size", "--n-minibatches"),
+    ("--n_envs", "--n-envs"), ("--ent_coef", "--ent-coef"), ("--gae_lambda", "--gae-lambda"),
+    ("--n-minibatch", "--n-minibatches"), ("--torch-deterministic", "--deterministic"), ("--track", "--wandb online"),
+    ("--normalize-advantage", "--norm-adv"), ("--clip-range-vf", "--clip-vloss"),
+])
+def test_unknown_flags_name_the_flag_meant(capsys, tmp_path, monkeypatch, flag, meant):
+    from fastrl.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", flag, "8"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and ERROR_LINE.match(lines[0]), err
+    assert f"unrecognized flag {flag}; did you mean {meant}" in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("flag", ["--ent-coef", "--gae-lambda", "--max-grad-norm", "--seed", "--n-epochs", "--vf-coef",
+                                  "--clip-coef", "--target-kl", "--norm-adv", "--anneal-lr", "--capture-video"])
+def test_cleanrl_spellings_that_are_ours_are_accepted(flag):
+    """CleanRL/SB3 names fastrl shares need no hint: they are flags."""
+    from fastrl.config import parse_cli_overrides
+    overrides, _ = parse_cli_overrides([flag, "1"])
+    assert overrides == {flag[2:].replace("-", "_"): "1"}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--zzqqxx", "1"], "unrecognized flag --zzqqxx; see --help"),
+    (["stray"], "unrecognized argument 'stray'"),
+    (["--num-envs=8"], "unrecognized flag --num-envs; did you mean --n-envs?"),
+])
+def test_other_unrecognized_arguments(argv, needle):
+    from fastrl.config import parse_cli
+    assert needle in one_line_error(parse_cli, argv)
+
+
+def test_unknown_flag_subprocess_exit_2_one_line(tmp_path):
+    proc = _run(["-m", "fastrl.train", "--num-envs", "8"], cwd=tmp_path, timeout=60)
+    _assert_user_error(proc, "did you mean --n-envs?")
+    assert "torch" not in proc.stderr
+
+
+# ------------------------------------------------------------------------------------------ packaged configs
+def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
+    from fastrl.config import config_names, configs_root, parse_cli
+    monkeypatch.chdir(tmp_path)  # away from the repository: names must not depend on the working directory
+    names = config_names()
+    assert {"ppo/cartpole", "ppo/lunarlander", "a2c/cartpole", "impala/cartpole"} <= set(names)
+    assert names == sorted(p.relative_to(ROOT / "configs").with_suffix("").as_posix()
+                           for p in (ROOT / "configs").rglob("*.yaml"))
+    assert configs_root().samefile(ROOT / "configs")
+    by_path = parse_cli(["--config", str(ROOT / "configs" / "ppo" / "lunarlander.yaml")])
+    assert parse_cli(["--config", "ppo/lunarlander"]) == by_path
+    assert parse_cli(["--config", "configs/ppo/lunarlander.yaml"]) == by_path  # the README's spelling, from anywhere
+    assert by_path.env.startswith("LunarLander")
+    assert parse_cli(["--config", "ppo/lunarlander", "--seed", "9"]).seed == 9
+
+
+def test_a_local_file_wins_over_a_config_name(tmp_path, monkeypatch):
+    from fastrl.config import parse_cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ppo").mkdir()
+    (tmp_path / "ppo" / "lunarlander.yaml").write_text("seed: 42\n")
+    assert parse_cli(["--config", "ppo/lunarlander.yaml"]).seed == 42
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("ppo/nosuch", "unknown config name 'ppo/nosuch'; the tuned configs are: a2c/atari, a2c/cartpole"),
+    ("nosuch.yaml", "config file 'nosuch.yaml' not found"),
+])
+def test_unknown_config_name_lists_the_names(capsys, tmp_path, monkeypatch, name, needle):
+    from fastrl.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--config", name]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "ppo/lunarlander" in lines[0], lines
+
+
+def test_configs_are_package_data():
+    """pyproject ships the top-level configs/ as fastrl/configs/*/*.yaml, where configs_root() looks first."""
+    import fnmatch
+    import tomllib
+    setuptools_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "fastrl.configs" in setuptools_cfg["packages"]
+    assert setuptools_cfg["package-dir"]["fastrl.configs"] == "configs"
+    patterns = setuptools_cfg["package-data"]["fastrl.configs"]
+    for path in (ROOT / "configs").rglob("*.yaml"):
+        relative = path.relative_to(ROOT / "configs").as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} would not be installed"
+    packages = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in ROOT.glob("*/**/__init__.py")
+                if "tests" not in p.parts}
+    assert packages <= set(setuptools_cfg["packages"]), f"packages missing from pyproject: {packages}"

@@ -10,7 +10,7 @@ from fastrl.loop import save_if_finite
 from fastrl.ppo import compute_advantages, ppo_update
 from fastrl.train import Trainer, run
 
-QUIET = dict(wandb="disabled", tensorboard=False, progress=False)
+QUIET = dict(wandb="disabled", tensorboard=False, progress=False, plot=False)
 
 
 def _guard(**kw):
@@ -128,8 +128,8 @@ def test_stop_at_return_records_steps_and_time(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["steps_to_return"] == summary["steps_to_return"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["global_step"] == summary["steps_to_return"]
-    assert rows[-1]["episode_return_mean"] == summary["episode_return_mean"]
-    earlier = [r.get("episode_return_mean", 0.0) for r in rows[:-1]]
+    assert rows[-1]["charts/episodic_return"] == summary["episode_return_mean"]
+    earlier = [r.get("charts/episodic_return", 0.0) for r in rows[:-1]]
     assert all(ret < 40 for ret in earlier), "the run went on past a log that had reached the threshold"
 
 
@@ -149,7 +149,7 @@ def test_periodic_eval_is_logged(tmp_path):
     run(cfg)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/return_mean" in r]
-    assert [r["global_step"] for r in evals] == [1024, 2048]
+    assert [r["global_step"] for r in evals] == [1024, 2048, 2048]  # iterations 4 and 8, then the final evaluation
     for r in evals:  # 4 CartPole-v1 episodes: returns are episode lengths in [1, 500]
         assert 1 <= r["eval/return_mean"] <= 500 and 0 <= r["eval/return_std"] <= 250, r
         assert (4 * r["eval/return_mean"]) == pytest.approx(round(4 * r["eval/return_mean"])), "whole episodes"

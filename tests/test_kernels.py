@@ -201,3 +201,112 @@ def test_cpu_build_failure_falls_back_with_one_warning(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         kernels.gae(*gae_args(x), GAMMA, LAM)
+
+
+# ---- argument ranges, valid=None, and the CleanRL convention --------------------------------------------
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x: kernels.gae(*gae_args(x), 1.5, LAM), r"`gamma` must be in \[0, 1\], got 1.5"),
+        (lambda x: kernels.gae(*gae_args(x), -0.1, LAM), "`gamma` must be in"),
+        (lambda x: kernels.gae(*gae_args(x), float("nan"), LAM), "`gamma` must be in"),
+        (lambda x: kernels.gae(*gae_args(x), torch.tensor(1.5), LAM), "`gamma` must be in"),
+        (lambda x: kernels.gae(*gae_args(x), GAMMA, 1.01), r"`lam` must be in \[0, 1\]"),
+        (lambda x: kernels.vtrace(*vtrace_args(x), 1.5), "`gamma` must be in"),
+        (lambda x: kernels.vtrace(*vtrace_args(x), GAMMA, lam=-1.0), "`lam` must be in"),
+        (lambda x: kernels.vtrace(*vtrace_args(x), GAMMA, rho_bar=0.0), "`rho_bar` must be > 0, got 0.0"),
+        (lambda x: kernels.vtrace(*vtrace_args(x), GAMMA, c_bar=-1.0), "`c_bar` must be > 0"),
+    ],
+)
+def test_scan_coefficients_out_of_range_are_refused(call, match):
+    x = scan_inputs((5, 3), 0.2)
+    with pytest.raises(ValueError, match=match) as info:
+        call(x)
+    assert "\n" not in str(info.value)
+
+
+def test_scan_coefficients_at_the_bounds_are_accepted():
+    x = scan_inputs((6, 2), 0.3, seed=4)
+    for gamma, lam in ((0.0, 0.0), (1.0, 1.0), (torch.tensor(1.0), torch.tensor(0.0))):
+        _check(kernels.gae(*gae_args(x), gamma, lam), kernels.gae_reference(*to_float64(gae_args(x)), float(gamma),
+                                                                            float(lam)))
+    _check(kernels.vtrace(*vtrace_args(x), 1.0, float("inf"), 1e-3, 0.0),
+           kernels.vtrace_reference(*to_float64(vtrace_args(x)), 1.0, float("inf"), 1e-3, 0.0))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(clip_coef=0.0), "`clip_coef` must be > 0, got 0.0"),
+        (dict(clip_coef=-0.2), "`clip_coef` must be > 0"),
+        (dict(vf_clip=0.0), "`vf_clip` must be > 0"),
+        (dict(vf_coef=-0.5), "`vf_coef` must be >= 0"),
+        (dict(ent_coef=-0.01), "`ent_coef` must be >= 0"),
+    ],
+)
+def test_loss_coefficients_out_of_range_are_refused(kwargs, match):
+    from kernels.testing import loss_inputs, pg_args, ppo_args
+
+    x = loss_inputs((7, 3))
+    with pytest.raises(ValueError, match=match) as info:
+        kernels.ppo_loss(*ppo_args(x), **kwargs)
+    assert "\n" not in str(info.value)
+    if set(kwargs) <= {"vf_coef", "ent_coef"}:
+        with pytest.raises(ValueError, match=match):
+            kernels.pg_loss(*pg_args(x), **kwargs)
+
+
+def test_valid_defaults_to_none_everywhere():
+    import inspect
+
+    from kernels.testing import loss_inputs
+
+    for fn in (kernels.ppo_loss, kernels.ppo_loss_reference, kernels.pg_loss, kernels.pg_loss_reference):
+        assert inspect.signature(fn).parameters["valid"].default is None, fn.__name__
+    for fn in (kernels.gae, kernels.vtrace):  # scans take no mask: `done` cuts traces, invalid steps are masked later
+        assert "valid" not in inspect.signature(fn).parameters
+    x = loss_inputs((9, 2), valid=False)
+    ppo = ("new_logp", "old_logp", "advantage", "new_value", "old_value", "value_target", "entropy")
+    pg = ("new_logp", "advantage", "new_value", "value_target", "entropy")
+    all_valid = torch.ones(9, 2, dtype=torch.bool)
+    # valid and every coefficient left to their defaults: all samples count, CleanRL's 0.2 / 0.5 / 0.01
+    pairs = [(kernels.ppo_loss(*(x[k] for k in ppo)), kernels.ppo_loss(*(x[k] for k in ppo), all_valid, 0.2, 0.5, 0.01)),
+             (kernels.pg_loss(*(x[k] for k in pg)), kernels.pg_loss(*(x[k] for k in pg), all_valid, 0.5, 0.01))]
+    for (loss, stats), (want_loss, want_stats) in pairs:
+        torch.testing.assert_close(loss, want_loss)
+        for k in stats:
+            torch.testing.assert_close(stats[k], want_stats[k])
+
+
+def _cleanrl_gae(rewards, values, dones, next_value, next_done, gamma, lam):
+    """CleanRL's ppo.py loop verbatim (``dones[t]``: obs[t] began a new episode; every episode end is terminal)."""
+    T = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0
+    for t in reversed(range(T)):
+        if t == T - 1:
+            nextnonterminal = 1.0 - next_done
+            nextvalues = next_value
+        else:
+            nextnonterminal = 1.0 - dones[t + 1]
+            nextvalues = values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * lam * nextnonterminal * lastgaelam
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("T, N", [(16, 4), (1, 3), (9, 1)])
+def test_gae_from_a_cleanrl_loop(T, N):
+    """The README recipe: shift CleanRL's dones by one step and append the bootstrap value."""
+    g = torch.Generator().manual_seed(T * 10 + N)
+    rewards, values = torch.randn(T, N, generator=g), torch.randn(T, N, generator=g)
+    dones = (torch.rand(T, N, generator=g) < 0.2).float()
+    next_done = (torch.rand(N, generator=g) < 0.2).float()
+    next_value = torch.randn(N, generator=g)
+    want = _cleanrl_gae(rewards, values, dones, next_value, next_done, GAMMA, LAM)
+
+    done = torch.cat([dones[1:], next_done[None]])               # done[t]: step t ended an episode
+    next_values = torch.cat([values[1:], next_value[None]])      # V of the observation step t returned
+    got = kernels.gae(rewards, values, next_values, done, terminated=done, gamma=GAMMA, lam=LAM)
+    for g_, w in zip(got, want):
+        torch.testing.assert_close(g_, w, **TOL)

@@ -11,7 +11,7 @@ from fastrl.envs import BatchedEnv, atari_kwargs, is_atari, make_env
 from fastrl.models import ImpalaResNet, NatureCNN, PixelActorCritic, make_agent, resolve_encoder
 from fastrl.train import Trainer, run
 
-QUIET = dict(progress=False, tensorboard=False, wandb="disabled")
+QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
 
 def _atari(env_id, seed, clip):

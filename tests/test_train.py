@@ -14,7 +14,8 @@ from fastrl.train import Trainer, config_from_cli
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu"]
-METRIC_KEYS = {"global_step", "sps", "episode_return_mean", "losses/approx_kl", "losses/clipfrac",
+METRIC_KEYS = {"global_step", "charts/SPS", "charts/episodic_return", "charts/episodic_length", "charts/episodes",
+               "charts/learning_rate", "time/elapsed_s", "losses/approx_kl", "losses/clipfrac",
                "losses/explained_variance", "losses/entropy", "losses/policy_loss", "losses/value_loss"}
 
 
@@ -29,6 +30,11 @@ def _main(args):
 
 def _read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _training_rows(run_dir):
+    """The per-log-interval rows, without the final evaluation's ``eval/*`` row."""
+    return [r for r in _read_metrics(run_dir) if "charts/SPS" in r]
 
 
 def _adam_steps(state):
@@ -51,11 +57,15 @@ def test_run_dir_contents(base_run):
     saved = yaml.safe_load((base_run / "config.yaml").read_text())
     assert saved["n_envs"] == 4 and saved["total_steps"] == 384 and saved["seed"] == 3
     records = _read_metrics(base_run)
-    assert [r["global_step"] for r in records] == [128, 256, 384]
-    for record in records:
+    assert [r["global_step"] for r in records] == [128, 256, 384, 384]  # 3 log steps, then the final evaluation
+    for record in records[:-1]:
         missing = METRIC_KEYS - record.keys()
         assert not missing, f"metrics.jsonl lacks {missing}"
-        assert record["sps"] > 0 and record["losses/entropy"] > 0
+        assert record["charts/SPS"] > 0 and record["losses/entropy"] > 0
+        assert not {"sps", "episode_return_mean", "episode_length_mean"} & record.keys(), "one name per metric"
+    summary = json.loads((base_run / "summary.json").read_text())
+    assert records[-1] == {"global_step": 384, "eval/return_mean": summary["eval_return_mean"],
+                           "eval/return_std": summary["eval_return_std"]}
     assert list((base_run / "tb").glob("events.out.tfevents.*")), "TensorBoard events file"
     checkpoints = list_checkpoints(base_run / "checkpoints")
     assert [p.name for p in checkpoints] == ["ckpt_000000000256.pt", "ckpt_000000000384.pt"]  # keep-last-2
@@ -185,7 +195,7 @@ def test_gymnasium_backend_trains(tmp_path):
     assert any(not torch.equal(initial[k], a["model"][k]) for k in initial), "training did not change the weights"
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), f"{key} differs between two runs with the same seed"
-    records = _read_metrics(tmp_path / "a")
+    records = _training_rows(tmp_path / "a")
     assert [r["global_step"] for r in records] == [128, 256]
     for record in records:
         assert not METRIC_KEYS - record.keys(), f"metrics.jsonl lacks {METRIC_KEYS - record.keys()}"

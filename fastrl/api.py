@@ -1,0 +1,206 @@
+"""The Python API: ``fastrl.train(...) -> Run`` and ``fastrl.load(path) -> Agent``.
+
+::
+
+    import fastrl
+    run = fastrl.train(env="CartPole-v1", total_steps=50_000)   # any config key is a keyword
+    agent = fastrl.load(run.run_dir)                             # or run.agent
+    action = agent.predict(obs)                                  # one observation or a batch, numpy or torch
+    returns = agent.evaluate(episodes=10)                        # numpy [seeds * episodes]
+
+``train`` runs what ``python -m fastrl.train`` runs (preflight checks, the run directory, the algorithm's trainer,
+the one run loop), so both write the same run directory. ``env`` is an EnvPool or Gymnasium id, ``module:Id`` (the
+module is imported first, so its registration runs), a ``gymnasium.Env`` subclass or a zero-argument factory
+returning a ``gymnasium.Env`` (see ``fastrl.envs.env_name``). A mistake in what was asked raises
+``fastrl.config.UserError`` with a one-line message.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastrl.config import Config, UserError, make_config
+from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation
+
+
+def train(env=None, algo: str | None = None, config=None, callbacks=(), **overrides) -> Run:
+    """Train an agent and return the finished ``Run``.
+
+    ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory (None: the config's,
+    else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a dict of config keys
+    or a ``Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called after every iteration (False stops
+    the run; see ``fastrl.callbacks``). ``overrides``: config keys (``total_steps=50_000, n_envs=16``), which win
+    over ``config``; ``resume=run_dir`` continues a run as ``--resume`` does.
+    """
+    from fastrl.callbacks import check_callbacks
+    from fastrl.train import resolve_config, run
+
+    given, yaml_path = {}, None
+    if isinstance(config, Config):
+        given.update(config.to_dict())
+    elif isinstance(config, dict):
+        given.update(config)
+    elif isinstance(config, (str, os.PathLike)):
+        yaml_path = str(config)
+    elif config is not None:
+        raise UserError(f"config must be a YAML path, a dict or a fastrl Config, got {type(config).__name__}")
+    if algo is not None:
+        given["algo"] = algo
+    if env is not None:
+        given["env"] = env_name(env)
+    given.update(overrides)
+    callbacks = check_callbacks(callbacks)
+    cfg, resume_state = resolve_config(given, yaml_path, where="the fastrl.train() arguments")
+    threads = torch.get_num_threads()
+    try:
+        summary = run(cfg, resume_state, callbacks)
+    finally:
+        torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
+    return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+
+
+@dataclasses.dataclass
+class Run:
+    """A finished run: ``run_dir`` (None on torchrun ranks other than 0), ``summary`` (summary.json's contents) and
+    ``agent`` (its newest checkpoint, loaded on first access)."""
+    run_dir: Path | None
+    summary: dict
+    _agent: Agent | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    @property
+    def agent(self) -> Agent:
+        if self._agent is None:
+            if self.run_dir is None:
+                raise UserError("this process wrote no run directory (a torchrun rank other than 0); load the agent "
+                                "on rank 0")
+            self._agent = load(self.run_dir)
+        return self._agent
+
+
+def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu") -> Agent:
+    """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
+    ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
+    defined inside a function of another process); ``device`` is where the policy runs."""
+    from fastrl.callbacks import best_checkpoint_path
+    from fastrl.checkpoint import load_checkpoint, resolve_checkpoint
+    from fastrl.distributed import resolve_device
+
+    target = Path(path)
+    if best:
+        if target.is_dir():
+            target = best_checkpoint_path(target) if (target / "checkpoints").is_dir() else target / "best.pt"
+        if not target.is_file():
+            raise UserError(f"no best checkpoint at {str(target)!r}; it is written by fastrl.callbacks.EvalCallback "
+                            "(drop best=True to load the newest checkpoint)")
+    state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
+    cfg = make_config(state["config"], where=f"checkpoint {target}")
+    if env is not None:
+        cfg = dataclasses.replace(cfg, env=env_name(env))
+    return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
+
+
+def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:
+    from fastrl.preflight import probe_env
+    try:
+        return probe_env(cfg)
+    except UserError as e:
+        raise UserError(f"{e}; {hint}") from None
+
+
+class Agent:
+    """A trained policy. ``predict(obs)`` acts; ``evaluate()`` plays whole episodes on fresh envs.
+
+    ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
+    ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
+    ``path`` the checkpoint it came from.
+    """
+
+    def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
+        from fastrl.models import make_agent
+        self.config, self.device, self.path = cfg, device, path
+        shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
+        self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
+        self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
+        self.policy.load_state_dict(state["model"])
+        self.policy.to(device).eval()
+        self.normalizer = state.get("normalizer")
+        self._obs_rms = None
+        if cfg.normalize_obs and self.normalizer is not None:
+            self._obs_rms = RunningMeanStd(self.observation_shape)
+            self._obs_rms.load_state_dict(self.normalizer["obs_rms"])
+            self._obs_rms.mean, self._obs_rms.var = self._obs_rms.mean.to(device), self._obs_rms.var.to(device)
+        if spec.kind == "continuous":
+            self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
+            self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
+
+    def __repr__(self) -> str:
+        return (f"Agent(env={self.config.env!r}, algo={self.config.algo!r}, observation_shape={self.observation_shape}, "
+                f"action={self.action_spec.kind}, path={str(self.path)!r})")
+
+    def _as_tensor(self, obs) -> torch.Tensor:
+        if isinstance(obs, dict) and "image" in obs:  # a raw MiniGrid observation: its HWC image, channels first
+            image = obs["image"]
+            obs = image.movedim(-1, -3) if torch.is_tensor(image) else np.moveaxis(np.asarray(image), -1, -3)
+        if torch.is_tensor(obs):
+            return obs
+        array = np.asarray(obs)
+        if not (np.issubdtype(array.dtype, np.number) or array.dtype == np.bool_) or np.iscomplexobj(array):
+            raise UserError(f"observations must be real numbers (a numpy array or torch tensor), got dtype {array.dtype}")
+        return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
+
+    @torch.no_grad()
+    def predict(self, obs, deterministic: bool = True):
+        """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
+        dtype. numpy (or a list) in, numpy out; a torch tensor in, a tensor out on its device. Discrete actions are
+        int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
+        action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
+        applied as in training."""
+        returns_tensor = torch.is_tensor(obs) or isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
+        x = self._as_tensor(obs)
+        if x.is_complex():
+            raise UserError(f"observations must be real numbers, got dtype {x.dtype}")
+        expected, got = self.observation_shape, tuple(x.shape)
+        if got == expected:
+            single = True
+        elif got[1:] == expected:
+            single = False
+        else:
+            raise UserError(f"observation shape {got} does not fit {self.config.env}'s observations: expected "
+                            f"{expected} for one or (batch, {', '.join(map(str, expected))}) for a batch")
+        out_device = x.device
+        x = x.to(self.device).to(self.observation_dtype)
+        if single:
+            x = x.unsqueeze(0)
+        if self._obs_rms is not None:
+            x = normalize_observation(x, self._obs_rms, self.config.obs_clip)
+        if deterministic:
+            action = self.policy.act_deterministic(x)
+        else:
+            action = self.policy.get_action_and_value(x)[0]
+        if self.action_spec.kind == "continuous":
+            action = torch.maximum(torch.minimum(action.float(), self._high), self._low)
+        if single:
+            action = action[0]
+        return action.to(out_device) if returns_tensor else action.cpu().numpy()
+
+    def evaluate(self, env=None, episodes: int = 10, seeds: int = 1) -> np.ndarray:
+        """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs with the policy's mode (the
+        saved normalizer frozen, rewards unscaled). ``env``: another env than the run's (an id, ``module:Id``, class
+        or factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
+        from fastrl.evaluate import evaluate
+        if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
+            raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
+        cfg = self.config
+        if env is not None:
+            cfg = dataclasses.replace(cfg, env=env_name(env))
+            shape, _, spec = _probe(cfg, "pass an env this agent can act in")
+            if tuple(shape) != self.observation_shape or spec != self.action_spec:
+                raise UserError(f"env {cfg.env!r} has observations {tuple(shape)} and {spec.kind} actions, but this agent "
+                                f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "
+                                f"({self.config.env}); pass an env with the same spaces")
+        returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device)
+        return returns.numpy()

@@ -1,0 +1,151 @@
+"""Callbacks: user code the run loop calls after every iteration (``fastrl.train(..., callbacks=[...])``).
+
+A callback is any callable ``callback(metrics, run) -> bool | None``:
+
+- ``metrics``: this iteration's figures as plain Python numbers: the update's (``losses/policy_loss``,
+  ``charts/learning_rate``, ...) and the last-100-episode ones, under the names the logs use (``charts/episodic_return``,
+  ``charts/episodic_length``, ``charts/episodes``, once an episode has ended). The callbacks of a run share one dict, in order, so a callback can add
+  figures for the ones after it (``EvalCallback`` adds ``eval/return_mean`` on the iterations it evaluates).
+- ``run``: a ``RunContext``: ``trainer``, ``agent``, ``cfg``, ``global_step``, ``iteration``, ``run_dir``, ``is_main``,
+  and ``log(metrics)``, which writes a row to every logging sink at the current step.
+
+Returning ``False`` stops the run cleanly: the loop leaves after this iteration and ends as at the end of its budget
+(final checkpoint, final evaluation, ``summary.json`` with ``stopped_by_callback: true``). Under torchrun every rank
+calls its callbacks, and rank 0's verdict holds for all ranks.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from fastrl import distributed
+from fastrl.config import UserError
+
+BEST_CHECKPOINT = "best.pt"  # never matches checkpoint.list_checkpoints, so keep-last-N pruning and resume skip it
+
+
+def best_checkpoint_path(run_dir: str | Path) -> Path:
+    """``run_dir/checkpoints/best.pt``: the weights of ``EvalCallback``'s best evaluation."""
+    return Path(run_dir) / "checkpoints" / BEST_CHECKPOINT
+
+
+class RunContext:
+    """What a callback sees of the run in progress. ``trainer`` is the run loop's trainer (see ``fastrl.loop``)."""
+
+    def __init__(self, trainer, run_dir: Path, logger, is_main: bool, start_step: int):
+        self.trainer, self.run_dir, self.is_main, self.start_step = trainer, Path(run_dir), is_main, start_step
+        self._logger = logger
+
+    @property
+    def agent(self):
+        """The policy ``nn.Module`` being trained (``act_deterministic``, ``get_action_and_value``)."""
+        return self.trainer.agent
+
+    @property
+    def cfg(self):
+        return self.trainer.cfg
+
+    @property
+    def global_step(self) -> int:
+        return self.trainer.global_step
+
+    @property
+    def iteration(self) -> int:
+        return self.trainer.iteration
+
+    def log(self, metrics: dict) -> None:
+        """Log ``metrics`` at the current step (metrics.jsonl, TensorBoard, wandb); a no-op on other ranks than 0."""
+        self._logger.log(metrics, self.trainer.global_step)
+
+
+def check_callbacks(callbacks) -> tuple:
+    """``callbacks`` (one callable or an iterable of them) as a tuple, or a one-line UserError."""
+    if callbacks is None:
+        return ()
+    if callable(callbacks):
+        return (callbacks,)
+    try:
+        callbacks = tuple(callbacks)
+    except TypeError:
+        raise UserError(f"callbacks must be a callable or a list of callables, got {callbacks!r}") from None
+    for callback in callbacks:
+        if not callable(callback):
+            raise UserError(f"callback {callback!r} is not callable; a callback is a function (metrics, run) -> bool")
+    return callbacks
+
+
+def run_callbacks(callbacks, metrics: dict, run: RunContext) -> bool:
+    """Call every callback (each one, even after a False); True to go on. Rank 0 decides for every rank."""
+    keep_going = True
+    for callback in callbacks:
+        if callback(metrics, run) is False:
+            keep_going = False
+    return bool(distributed.broadcast_object(keep_going))
+
+
+class EvalCallback:
+    """Deterministic evaluation during training, as Stable-Baselines3's ``EvalCallback``.
+
+    Every ``every_steps`` env steps (or, if given, every ``every_iterations`` iterations) it plays ``episodes``
+    episodes on each of ``seeds`` fresh evaluation envs with the policy's mode; logs ``eval/return_mean``,
+    ``eval/return_std`` and ``eval/best_return_mean``; and, when the mean is the best so far, writes the full
+    checkpoint to ``run_dir/checkpoints/best.pt`` (atomically; never from non-finite weights). Load it with
+    ``fastrl.load(run_dir, best=True)`` or resume from it. ``results`` lists ``(global_step, mean, std)``.
+    Rank 0 alone evaluates.
+    """
+
+    def __init__(self, every_steps: int = 10_000, every_iterations: int = 0, episodes: int = 10, seeds: int = 1,
+                 save_best: bool = True):
+        for name, value in (("every_steps", every_steps), ("every_iterations", every_iterations)):
+            if not isinstance(value, int) or value < 0:
+                raise UserError(f"EvalCallback {name} must be an int >= 0, got {value!r}")
+        if not every_steps and not every_iterations:
+            raise UserError("EvalCallback needs every_steps > 0 or every_iterations > 0")
+        if episodes <= 0 or seeds <= 0:
+            raise UserError(f"EvalCallback episodes and seeds must be > 0, got {episodes} and {seeds}")
+        self.every_steps, self.every_iterations = every_steps, every_iterations
+        self.episodes, self.seeds, self.save_best = episodes, seeds, save_best
+        self.best_return, self.best_step = -math.inf, None
+        self.results: list[tuple[int, float, float]] = []
+        self._last_period = None
+
+    def _due(self, run: RunContext) -> bool:
+        if self.every_iterations:
+            return run.iteration % self.every_iterations == 0
+        if self._last_period is None:
+            self._last_period = run.start_step // self.every_steps
+        period = run.global_step // self.every_steps
+        due, self._last_period = period > self._last_period, max(period, self._last_period)
+        return due
+
+    def __call__(self, metrics: dict, run: RunContext) -> bool:
+        if not self._due(run) or not run.is_main:
+            return True
+        from fastrl.evaluate import evaluate
+        from fastrl.guards import all_finite
+        trainer = run.trainer
+        returns = evaluate(trainer.agent, trainer.cfg, trainer.normalizer_state(), self.episodes, self.seeds,
+                           trainer.device)
+        mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+        self.results.append((run.global_step, mean, std))
+        if mean > self.best_return and all_finite(trainer.agent):
+            self.best_return, self.best_step = mean, run.global_step
+            if self.save_best:
+                from fastrl.checkpoint import save_checkpoint
+                save_checkpoint(trainer.state_dict(), best_checkpoint_path(run.run_dir))
+        figures = {"eval/return_mean": mean, "eval/return_std": std, "eval/best_return_mean": self.best_return}
+        metrics.update(figures)
+        run.log(figures)
+        return True
+
+
+class StopOnReturn:
+    """Stop the run once ``metrics[key]`` reaches ``threshold`` (default: the last-100-episode mean return; with an
+    ``EvalCallback`` listed before it, ``key="eval/return_mean"`` stops on the evaluation instead)."""
+
+    def __init__(self, threshold: float, key: str = "charts/episodic_return"):
+        self.threshold, self.key = float(threshold), key
+
+    def __call__(self, metrics: dict, run: RunContext) -> bool:
+        value = metrics.get(self.key)
+        return value is None or value < self.threshold

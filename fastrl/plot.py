@@ -1,0 +1,170 @@
+"""Learning curves from run directories: ``fastrl plot RUN [RUN ...]`` and the ``learning_curve.png`` of every run.
+
+One PNG, two panels: the mean return of the last 100 training episodes (``charts/episodic_return``) against env
+steps and against wall seconds (``time/elapsed_s``), with the deterministic evaluations (``eval/return_mean`` ±
+``eval/return_std``, periodic and final) marked. Several runs share the axes, one colour per run, named in the
+legend. Reads ``metrics.jsonl`` (and ``summary.json`` for the title). matplotlib is imported only here, and only
+its Agg canvas: no display is needed and the process-wide backend is left alone.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fastrl.config import UserError
+
+# The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
+RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
+
+
+def read_rows(run_dir: str | Path) -> list[dict]:
+    """The rows of ``run_dir/metrics.jsonl``; a torn last line (a killed run) is skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{run_dir} holds no metrics.jsonl; pass run directories (runs/<run>)")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("global_step"), (int, float)):
+            rows.append(row)
+    return rows
+
+
+def curves(rows: list[dict]) -> dict:
+    """``{"train": [(step, wall_s, return)], "eval": [(step, wall_s, mean, std)], "timed": bool}`` from metric rows.
+
+    Wall seconds are ``time/elapsed_s``, made continuous across resumes (each attempt restarts its clock at 0,
+    so a later attempt continues from where the rows before it ended). A row without a clock of its own (the
+    final evaluation) takes that of the row before it. ``timed`` is False for rows without any clock.
+    """
+    train, evals = [], []
+    offset = wall = 0.0
+    timed = False
+    for row in rows:
+        elapsed = row.get("time/elapsed_s")
+        if isinstance(elapsed, (int, float)):
+            timed = True
+            if elapsed + offset < wall:
+                offset = wall
+            wall = elapsed + offset
+        step = row["global_step"]
+        value = next((row[key] for key in RETURN_KEYS if isinstance(row.get(key), (int, float))), None)
+        if value is not None:
+            train.append((step, wall, float(value)))
+        if isinstance(row.get("eval/return_mean"), (int, float)):
+            std = row.get("eval/return_std")
+            evals.append((step, wall, float(row["eval/return_mean"]), float(std) if isinstance(std, (int, float)) else 0.0))
+    return {"train": train, "eval": evals, "timed": timed}
+
+
+def _run_names(run_dirs: list[Path]) -> list[str]:
+    names = [p.name for p in run_dirs]
+    if len(set(names)) < len(names):  # e.g. a/run and b/run: show the paths
+        names = [str(p) for p in run_dirs]
+    return names
+
+
+def _summary(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = None):
+    """The matplotlib Figure (on an Agg canvas) of ``run_dirs``' learning curves: panels ``[by steps, by wall]``.
+
+    Raises UserError for a directory without ``metrics.jsonl`` and ImportError when matplotlib is missing.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    run_dirs = [Path(p) for p in run_dirs]
+    data = [curves(read_rows(p)) for p in run_dirs]
+    names = names or _run_names(run_dirs)
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_steps, by_wall = fig.subplots(1, 2, sharey=True)
+    colors = [f"C{i % 10}" for i in range(len(run_dirs))]
+    for curve, name, color in zip(data, names, colors):
+        for ax, x in ((by_steps, 0), (by_wall, 1)):
+            if x == 1 and not curve["timed"]:
+                continue  # a run logged before time/elapsed_s: steps only
+            ax.plot([p[x] for p in curve["train"]], [p[2] for p in curve["train"]], color=color, lw=1.5, label=name)
+            if curve["eval"]:
+                ax.errorbar([p[x] for p in curve["eval"]], [p[2] for p in curve["eval"]],
+                            yerr=[p[3] for p in curve["eval"]], fmt="o", color=color, ms=5, capsize=3, lw=1)
+    by_steps.set_xlabel("env steps")
+    by_wall.set_xlabel("wall time (s)")
+    by_steps.set_ylabel("mean episode return (last 100 episodes)")
+    for ax in (by_steps, by_wall):
+        ax.grid(alpha=0.3)
+    handles, labels = by_steps.get_legend_handles_labels()
+    if any(curve["eval"] for curve in data):
+        handles.append(Line2D([], [], color="0.3", marker="o", ls="none", label="evaluation (mean ± std)"))
+        labels.append("evaluation (mean ± std)")
+    if handles:
+        by_steps.legend(handles, labels, fontsize="small", loc="best")
+    envs = sorted({s["env"] for s in map(_summary, run_dirs) if s.get("env")})
+    fig.suptitle(", ".join(envs) if envs else "learning curves")
+    return fig
+
+
+def plot_runs(run_dirs: list[str | Path], out: str | Path, names: list[str] | None = None) -> Path:
+    """Write the learning curves of ``run_dirs`` to the PNG ``out``. Returns its path.
+
+    Raises UserError for a directory without ``metrics.jsonl`` and ImportError when matplotlib is missing.
+    """
+    fig = learning_curve_figure(run_dirs, names)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def write_run_plot(run_dir: str | Path) -> Path | None:
+    """``run_dir/learning_curve.png`` at the end of a run. Never raises: a run that trained is not failed by its
+    plot; a missing matplotlib, or any other failure, is one warning line."""
+    try:
+        return plot_runs([run_dir], Path(run_dir) / "learning_curve.png")
+    except ImportError:
+        print("fastrl: warning: no learning_curve.png: matplotlib is not installed (pip install matplotlib, or "
+              "--plot false)", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001  (the run's files are written; the plot is an extra)
+        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+              file=sys.stderr)
+    return None
+
+
+def plot_main(argv: list[str]) -> int:
+    """``fastrl plot RUN [RUN ...] [--out FILE]``."""
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):
+            raise UserError(message)
+
+    parser = Parser(prog="fastrl plot", description="Plot the learning curves of one or more runs into one PNG: mean "
+                    "episode return against env steps and against wall time, evaluations marked.")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each holds metrics.jsonl)")
+    parser.add_argument("--out", default=None, help="PNG to write (default: RUN/learning_curve.png for one run, "
+                                                    "learning_curves.png in the current directory for several)")
+    try:
+        args = parser.parse_args(argv)
+        out = args.out or (Path(args.runs[0]) / "learning_curve.png" if len(args.runs) == 1 else "learning_curves.png")
+        try:
+            path = plot_runs(args.runs, out)
+        except ImportError:
+            raise UserError("matplotlib is not installed; pip install matplotlib") from None
+        except OSError as e:
+            raise UserError(f"could not write {out}: {e.strerror or e}") from None
+    except UserError as e:
+        print(f"fastrl plot: error: {e}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
