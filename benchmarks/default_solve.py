@@ -3,11 +3,11 @@
     python -m benchmarks.default_solve [--seeds 1 2 3 4 5] [--modes off auto] [--quick] [--out FILE]
 
 Each run is a fresh process, ``python -m fastrl.train --seed S --compile MODE --stop-at-return 475`` (the last-100
-rule), interleaved by seed (off, auto, off, auto, ...) so load drifts hit both alike. Reported per mode: how many
+rule), interleaved by seed (off, default, off, default, ...) so load drifts hit both alike. Reported per mode: how many
 seeds reached 475, the median steps and training seconds to 475, and the median process wall time (imports,
-compiling and the final evaluation included). ``auto`` compiles the update on CPU for a run this long; its inductor
-cache is warmed by one untimed run first, as a second run on a user's machine finds it (the cold compile is
-``benchmarks/learner.py``'s figure).
+compiling and the final evaluation included). ``default`` compiles the update step; its inductor cache is warmed by
+one untimed run first, as a second run on a user's machine finds it (the cold compile is ``benchmarks/learner.py``'s
+figure; ``compile: auto`` on CPU compiles this run only once that cache is warm).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def run_once(seed: int, mode: str, run_dir: Path, total_steps: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.default_solve")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument("--modes", nargs="+", default=["off", "auto"])
+    parser.add_argument("--modes", nargs="+", default=["off", "default"])
     parser.add_argument("--total-steps", type=int, default=120_000, help="the default's own budget")
     parser.add_argument("--quick", action="store_true", help="one seed, 8k steps (a smoke test of this script)")
     parser.add_argument("--out", default=None)
@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     info = machine_info()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        if "auto" in args.modes and not args.quick:
-            run_once(0, "auto", Path(tmp) / "warm", args.total_steps)  # fills the on-disk compile cache
+        if "default" in args.modes and not args.quick:
+            run_once(0, "default", Path(tmp) / "warm", args.total_steps)  # fills the on-disk compile cache
         for seed in args.seeds:
             for mode in args.modes:
                 rows.append(run_once(seed, mode, Path(tmp) / f"{mode}-{seed}", args.total_steps))

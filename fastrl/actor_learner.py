@@ -43,7 +43,7 @@ import torch.multiprocessing as tmp
 from fastrl import impala
 from fastrl.amp import autocast_factory, grad_scaler, make_optimizer
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import load_rng_state, rng_state
+from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
 from fastrl.models import make_agent
@@ -610,26 +610,12 @@ class ActorLearnerTrainer:
 
     def state_dict(self) -> dict:
         """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
-        return {
-            "model": self.agent.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "lr_scale": self.lr_scale,
-            "config": self.cfg.to_dict(),
-            "normalizer": {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(),
-                           "return_rms": RunningMeanStd(()).state_dict()},
-            "episode_stats": self.episodes.state_dict(),
-            "rng": rng_state(self.generator),
-        }
+        identity = {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
+        return trainer_state(self, identity, self.episodes.state_dict(), self.generator)
 
     def load_state_dict(self, state: dict) -> None:
-        self.agent.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
-        self.lr_scale = float(state.get("lr_scale", 1.0))
+        load_trainer_state(self, state, self.generator)
         self.episodes.load_state_dict(state["episode_stats"])
-        load_rng_state(state["rng"], self.generator)
         if self.pool.started:
             self.publish()
 

@@ -42,10 +42,11 @@ def resolve_compile(mode: str, device: torch.device) -> str:
     return compile_plan(mode, device, 0)[0]
 
 
-# From how many gradient steps compiling the update on CPU pays for its cold compile: the compiled step of a 64x64
-# MLP saves about 2 ms of a 3.5 ms eager step (benchmarks/learner.py), a cold compile costs 10-20 s on 2 cores and a
-# warm one (the on-disk cache below) about 2 s. Shorter runs (tests, smoke runs) stay eager.
-CPU_COMPILE_MIN_GRADIENT_STEPS = 5000
+# From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
+# about 2.8 ms of a 3.7 ms eager step at minibatch 64 (2.6 of 3.9 at 256); compiling costs about 46 s with a cold
+# inductor cache and 7 s with a warm one (2 cores, benchmarks/learner.py, benchmarks/results/cpu-2c/learner.json).
+# Break-even is then about 16,000 steps cold and 2,600 warm; the thresholds keep a margin. Shorter runs stay eager.
+CPU_COMPILE_MIN_GRADIENT_STEPS = {"cold": 20_000, "warm": 4_000}
 
 
 def compile_cache_dir() -> Path:
@@ -55,19 +56,37 @@ def compile_cache_dir() -> Path:
     return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or base / "fastrl" / "torch_compile")
 
 
-def compile_plan(mode: str, device: torch.device, gradient_steps: int) -> tuple[str, str]:
+def _warm_marker(cache_key: str) -> Path:
+    return compile_cache_dir() / "fastrl_compiled" / f"{torch.__version__}-{cache_key}"
+
+
+def mark_compiled(cache_key: str) -> None:
+    """Record that this update graph compiled once, so its inductor artifacts are in the cache (the next run's
+    ``auto`` judges it warm)."""
+    try:
+        marker = _warm_marker(cache_key)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:  # a read-only cache only costs the next run the cold estimate
+        pass
+
+
+def compile_plan(mode: str, device: torch.device, gradient_steps: int, cache_key: str = "") -> tuple[str, str]:
     """``(rollout mode, update mode)`` for ``cfg.compile``.
 
     ``auto``: on CUDA both compiled; on CPU the rollout forward stays eager (compiling it measured no faster at
-    small n_envs) and the update step is compiled when the run has ``CPU_COMPILE_MIN_GRADIENT_STEPS`` or more
-    gradient steps, so the whole run, compile included, finishes sooner. Any other mode applies to both.
+    small n_envs) and the update step is compiled when the run has enough gradient steps for the whole run, compile
+    included, to finish sooner: ``CPU_COMPILE_MIN_GRADIENT_STEPS["warm"]`` when this graph (``cache_key``) compiled
+    before and its artifacts are in the on-disk cache, else the cold figure. Any other mode applies to both.
     """
     if mode != "auto":
         plan = (mode, mode)
     elif device.type == "cuda":
         plan = ("default", "default")
     else:
-        plan = ("off", "default" if gradient_steps >= CPU_COMPILE_MIN_GRADIENT_STEPS else "off")
+        warm = bool(cache_key) and _warm_marker(cache_key).exists()
+        needed = CPU_COMPILE_MIN_GRADIENT_STEPS["warm" if warm else "cold"]
+        plan = ("off", "default" if gradient_steps >= needed else "off")
     if plan != ("off", "off"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
     return plan

@@ -9,6 +9,7 @@ the others' once per minibatch, which equals the gradient of the global minibatc
 """
 from __future__ import annotations
 
+import hashlib
 import random
 import time
 from contextlib import contextmanager
@@ -18,9 +19,9 @@ import torch
 
 from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
-from fastrl.amp import autocast_factory, compile_plan, grad_scaler, make_optimizer, maybe_compile
+from fastrl.amp import autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import load_rng_state, rng_state
+from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config
 from fastrl.envs import make_env
 from fastrl.learner import CompiledUpdate
@@ -120,7 +121,14 @@ class Trainer:
         self.scaler = grad_scaler(self.device, cfg.amp)
         gradient_steps = max(1, cfg.total_steps // (self.n_envs * cfg.n_steps * self.dist.world_size)) * (
             1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
-        self.compile_mode, self.update_compile_mode = compile_plan(cfg.compile, self.device, gradient_steps)
+        # What the update graph depends on: a run with the same key reuses the cached compile.
+        self.compile_key = hashlib.sha1(repr((
+            cfg.algo, self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
+            cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.device.type,
+            self.n_envs * cfg.n_steps // (1 if cfg.algo == "a2c" else cfg.n_minibatches), cfg.clip_vloss,
+            cfg.norm_adv, cfg.max_grad_norm > 0, cfg.optimizer, self.dist.enabled)).encode()).hexdigest()[:16]
+        self.compile_mode, self.update_compile_mode = compile_plan(cfg.compile, self.device, gradient_steps,
+                                                                   self.compile_key)
         autocast = self.autocast
 
         def policy_step(obs):
@@ -207,6 +215,8 @@ class Trainer:
                                      loss_fn=self.loss_fn, scaler=self.scaler, step_fn=self.step_fn)
         if self.step_fn is not None and not self.step_fn.compiled:
             self.step_fn = None  # compiling failed: today's eager step beats the functional code run eagerly
+        elif self.step_fn is not None and self.iteration == 0:
+            mark_compiled(self.compile_key)
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
         return metrics
@@ -222,26 +232,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        return {
-            "model": self.agent.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "global_step": self.global_step,
-            "iteration": self.iteration,
-            "lr_scale": self.lr_scale,
-            "config": self.cfg.to_dict(),
-            "normalizer": self.env.state_dict(),
-            "episode_stats": self.env.stats.state_dict(),
-            "rng": rng_state(self.sample_generator),
-        }
+        return trainer_state(self, self.env.state_dict(), self.env.stats.state_dict(), self.sample_generator)
 
     def load_state_dict(self, state: dict) -> None:
-        self.agent.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.global_step, self.iteration = int(state["global_step"]), int(state["iteration"])
-        self.lr_scale = float(state.get("lr_scale", 1.0))
+        load_trainer_state(self, state, self.sample_generator)
         self.env.load_state_dict(state["normalizer"])
         self.env.stats.load_state_dict(state["episode_stats"])
-        load_rng_state(state["rng"], self.sample_generator)
 
     def weights_state(self) -> dict:
         """What a rollback restores: weights, optimizer moments and observation-normalizer statistics."""
