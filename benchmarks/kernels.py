@@ -22,7 +22,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import kernels  # noqa: E402
+from fastrl import kernels  # noqa: E402
 
 SHAPES = [(128, 64), (2048, 8), (128, 1024), (1024, 4096)]
 GAMMA, LAM = 0.99, 0.95

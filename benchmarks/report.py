@@ -23,7 +23,8 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, markdown_table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
-PARTS = ("peers", "learning", "envs_sps", "train_sps", "rollout_sps", "kernels", "ddp_scaling", "impala_sps")
+PARTS = ("peers", "learning", "envs_sps", "train_sps", "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner",
+         "default_solve")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -145,6 +146,26 @@ def impala_section(report: dict) -> list:
                            rows)]
 
 
+def learner_section(report: dict) -> list:
+    rows = [[r["case"], r["minibatch"], r["eager_us"], r["compiled_us"], f"{r['speedup']:.2f}x",
+             (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
+    lines = [f"One PPO gradient step, eager against the compiled step (`fastrl/learner.py`), "
+             f"`python -m benchmarks.learner`, median of {report.get('repeats', '?')} samples. ({_when(report)})", "",
+             markdown_table(["case", "minibatch", "eager µs", "compiled µs", "speed-up", "load (1 min)"], rows)]
+    if report.get("compile"):
+        rows = [[c["case"], c["cold_s"], c["warm_s"], c["cold_process_s"], c["warm_process_s"]] for c in report["compile"]]
+        lines += ["", "Compile time of the step: a cold and a warm inductor cache.", "",
+                  markdown_table(["case", "cold compile s", "warm compile s", "cold process s", "warm process s"], rows)]
+    return lines
+
+
+def default_solve_section(report: dict) -> list:
+    rows = [list(r.values()) for r in report["table"]]
+    return [f"`python -m fastrl.train` (the embedded default) to a last-100 mean of 475, one process per seed, "
+            f"`python -m benchmarks.default_solve`; load average at start {report.get('load_average_at_start')}. "
+            f"({_when(report)})", "", markdown_table(list(report["table"][0]), rows)]
+
+
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
     "learning": ("Learning at the zoo's budgets", learning_section),
@@ -154,6 +175,8 @@ SECTIONS = {  # part -> (heading, builder)
     "kernels": ("Kernels", kernels_section),
     "ddp_scaling": ("Data-parallel scaling", ddp_section),
     "impala_sps": ("IMPALA", impala_section),
+    "learner": ("Compiled learner", learner_section),
+    "default_solve": ("The default, eager against compiled", default_solve_section),
 }
 
 

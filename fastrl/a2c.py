@@ -14,7 +14,7 @@ from contextlib import nullcontext
 import torch
 from tensordict import TensorDict
 
-import kernels
+from fastrl import kernels
 from fastrl.amp import backward_step
 from fastrl.ppo import explained_variance, loss_inputs
 

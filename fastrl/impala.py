@@ -24,7 +24,7 @@ from contextlib import nullcontext
 import torch
 from tensordict import TensorDict
 
-import kernels
+from fastrl import kernels
 from fastrl.amp import backward_step
 from fastrl.buffers import iterate_minibatches
 from fastrl.ppo import explained_variance, masked_mean

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
-import kernels
+from fastrl import kernels
 from fastrl.amp import CompiledOrEager
 
 _NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s

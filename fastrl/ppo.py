@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import torch
 from tensordict import TensorDict
 
-import kernels
+from fastrl import kernels
 from fastrl.amp import backward_step
 from fastrl.buffers import iterate_minibatches
 

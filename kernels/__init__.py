@@ -1,6 +1,9 @@
 """Fused advantage and loss kernels over time-major tensors. Depends only on torch (and triton when present).
 
-    import kernels
+Imported as ``fastrl.kernels`` (the ``kernels/`` folder at the top of the repository, installed under fastrl so the
+name never collides with the PyPI package ``kernels``)::
+
+    from fastrl import kernels
     adv, value_target = kernels.gae(reward, value, next_value, done, terminated, gamma, lam)
     vs, pg_advantage = kernels.vtrace(behavior_logp, target_logp, reward, value, next_value,
                                       done, terminated, gamma, rho_bar=1.0, c_bar=1.0, lam=1.0)
@@ -13,9 +16,9 @@ Each public function dispatches by device (Triton on CUDA, a C kernel on CPU) an
 counts. Coefficients out of range (``gamma``, ``lam`` outside [0, 1]; ``rho_bar``, ``c_bar``, ``clip_coef``
 <= 0; ``vf_coef``, ``ent_coef`` < 0) are one-line ValueErrors. From a CleanRL-style loop, see ``kernels.gae``.
 """
-from kernels.gae import gae, gae_reference
-from kernels.losses import pg_loss, pg_loss_reference, ppo_loss, ppo_loss_reference
-from kernels.vtrace import vtrace, vtrace_reference
+from .gae import gae, gae_reference
+from .losses import pg_loss, pg_loss_reference, ppo_loss, ppo_loss_reference
+from .vtrace import vtrace, vtrace_reference
 
 __all__ = [
     "gae", "gae_reference", "vtrace", "vtrace_reference",

@@ -21,7 +21,7 @@ def interpreting():
 
 
 def triton_module():
-    from kernels import _triton
+    from . import _triton
 
     return _triton
 
@@ -32,7 +32,7 @@ def resolve(op, backend, device):
         if device.type == "cuda" and triton_available():
             return "triton"
         if device.type == "cpu":
-            from kernels import _cpu
+            from . import _cpu
 
             return "cpu" if _cpu.lib() is not None else "torch"
         return "torch"
@@ -44,7 +44,7 @@ def resolve(op, backend, device):
     if backend == "cpu":
         if device.type != "cpu":
             raise ValueError(f"{op}: backend='cpu' needs CPU tensors, got {device}")
-        from kernels import _cpu
+        from . import _cpu
 
         if _cpu.lib() is None:
             return "torch"

@@ -21,8 +21,8 @@ same way) and put V(real final observation) in ``next_value`` at truncated steps
 """
 import torch
 
-from kernels import _backend
-from kernels._validate import check_backend, check_range, check_tensors, scalar
+from . import _backend
+from ._validate import check_backend, check_range, check_tensors, scalar
 
 _OP = "kernels.gae"
 
@@ -47,7 +47,7 @@ def gae_reference(reward, value, next_value, done, terminated, gamma, lam):
 
 def _run(backend, reward, value, next_value, done, terminated, gamma, lam):
     if backend == "cpu":
-        from kernels import _cpu
+        from . import _cpu
 
         return _cpu.gae(reward, value, next_value, done, terminated, gamma, lam)
     if backend == "triton":

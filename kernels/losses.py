@@ -18,8 +18,8 @@ backward is one multiply per input); composed torch ops on CPU and inside ``torc
 """
 import torch
 
-from kernels import _backend
-from kernels._validate import FLOAT_DTYPES, check_backend, check_range, coefficient, scalar
+from . import _backend
+from ._validate import FLOAT_DTYPES, check_backend, check_range, coefficient, scalar
 
 ADV_EPS = 1e-8
 

@@ -1,7 +1,7 @@
 """Random inputs for testing the kernels: terminations and truncations at random places, edge shapes."""
 import torch
 
-import kernels
+from fastrl import kernels
 
 # (shape, p_done): T=1, N=1, all-done, no-done, multi-dim batch, episodes crossing the rollout boundary
 SCAN_CASES = [

@@ -12,8 +12,8 @@ our ``target_logp`` and ``log_mu`` our ``behavior_logp``).
 """
 import torch
 
-from kernels import _backend
-from kernels._validate import check_backend, check_range, check_tensors, scalar
+from . import _backend
+from ._validate import check_backend, check_range, check_tensors, scalar
 
 _OP = "kernels.vtrace"
 _FLOATS = ("behavior_logp", "target_logp", "reward", "value", "next_value")
@@ -52,7 +52,7 @@ def vtrace_reference(
 
 def _run(backend, *args):
     if backend == "cpu":
-        from kernels import _cpu
+        from . import _cpu
 
         return _cpu.vtrace(*args)
     if backend == "triton":

@@ -3,7 +3,7 @@ and the trainer's collect() filling next_value = V(obs after step t)."""
 import pytest
 import torch
 
-import kernels
+from fastrl import kernels
 from fastrl.buffers import iterate_minibatches, make_rollout_buffer
 from fastrl.envs import ActionSpec
 from fastrl.ppo import compute_advantages, explained_variance

@@ -298,6 +298,9 @@ def test_configs_are_package_data():
     for path in (ROOT / "configs").rglob("*.yaml"):
         relative = path.relative_to(ROOT / "configs").as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} would not be installed"
-    packages = {p.parent.relative_to(ROOT).as_posix().replace("/", ".") for p in ROOT.glob("*/**/__init__.py")
-                if "tests" not in p.parts}
+    # every package folder, named as it installs (a package-dir mapping renames its folder: kernels -> fastrl.kernels)
+    installed_as = {folder: name for name, folder in setuptools_cfg["package-dir"].items()}
+    folders = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py") if "tests" not in p.parts}
+    packages = {installed_as.get(folder, folder.replace("/", ".")) for folder in folders}
     assert packages <= set(setuptools_cfg["packages"]), f"packages missing from pyproject: {packages}"
+    assert setuptools_cfg["package-dir"]["fastrl.kernels"] == "kernels" and "kernels" not in setuptools_cfg["packages"]

@@ -14,7 +14,7 @@ import torch
 import yaml
 from tensordict import TensorDict
 
-import kernels
+from fastrl import kernels
 from fastrl.actor_learner import FILLING, FREE, FULL, SlotRing, WeightBoard
 from fastrl.config import UserError, make_config
 from fastrl.envs import ActionSpec

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import kernels
-from kernels.testing import SCAN_CASES, gae_args, scan_inputs, strided, to_float64, transposed, vtrace_args
+from fastrl import kernels
+from fastrl.kernels.testing import SCAN_CASES, gae_args, scan_inputs, strided, to_float64, transposed, vtrace_args
 
 GAMMA, LAM = 0.97, 0.9
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -188,7 +188,7 @@ def test_scalar_and_backend_errors():
 
 
 def test_cpu_build_failure_falls_back_with_one_warning(monkeypatch):
-    from kernels import _cpu
+    from fastrl.kernels import _cpu
 
     monkeypatch.setattr(_cpu, "_state", {"lib": None, "tried": False})
     monkeypatch.setenv("CC", "/nonexistent/cc")
@@ -245,7 +245,7 @@ def test_scan_coefficients_at_the_bounds_are_accepted():
     ],
 )
 def test_loss_coefficients_out_of_range_are_refused(kwargs, match):
-    from kernels.testing import loss_inputs, pg_args, ppo_args
+    from fastrl.kernels.testing import loss_inputs, pg_args, ppo_args
 
     x = loss_inputs((7, 3))
     with pytest.raises(ValueError, match=match) as info:
@@ -259,7 +259,7 @@ def test_loss_coefficients_out_of_range_are_refused(kwargs, match):
 def test_valid_defaults_to_none_everywhere():
     import inspect
 
-    from kernels.testing import loss_inputs
+    from fastrl.kernels.testing import loss_inputs
 
     for fn in (kernels.ppo_loss, kernels.ppo_loss_reference, kernels.pg_loss, kernels.pg_loss_reference):
         assert inspect.signature(fn).parameters["valid"].default is None, fn.__name__

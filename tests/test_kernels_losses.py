@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-import kernels
-from kernels.testing import (
+from fastrl import kernels
+from fastrl.kernels.testing import (
     INPUT_OPTIONS, PPO_OPTIONS, check_pg, check_ppo, gradcheck_pg, gradcheck_ppo, loss_inputs, ppo_args, pg_args,
 )
 

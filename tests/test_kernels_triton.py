@@ -13,9 +13,9 @@ import torch
 
 pytest.importorskip("triton")
 
-import kernels  # noqa: E402
-from kernels._backend import interpreting  # noqa: E402
-from kernels.testing import (  # noqa: E402
+from fastrl import kernels  # noqa: E402
+from fastrl.kernels._backend import interpreting  # noqa: E402
+from fastrl.kernels.testing import (  # noqa: E402
     PPO_OPTIONS, check_pg, check_ppo, gae_args, gradcheck_pg, gradcheck_ppo, scan_inputs, strided, to_float64,
     transposed, vtrace_args,
 )

@@ -10,7 +10,7 @@ from torchrl.modules import IndependentNormal, ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
-import kernels
+from fastrl import kernels
 from fastrl.buffers import make_rollout_buffer
 from fastrl.envs import ActionSpec
 from fastrl.models import ActorCritic
