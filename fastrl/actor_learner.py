@@ -41,7 +41,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from fastrl import impala
-from fastrl.amp import autocast_factory, grad_scaler, make_optimizer
+from fastrl.amp import annealed_lr, autocast_factory, grad_scaler, make_optimizer
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config
@@ -476,11 +476,7 @@ class ActorLearnerTrainer:
         return self.global_step >= self.total_steps
 
     def current_lr(self) -> float:
-        cfg = self.cfg
-        if not cfg.anneal_lr:
-            return cfg.lr * self.lr_scale
-        frac = 1.0 - self.global_step / cfg.total_steps
-        return (cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)) * self.lr_scale
+        return annealed_lr(self.cfg, self.global_step / self.total_steps, self.lr_scale)
 
     def _keep_going(self) -> bool:
         self.pool.check()

@@ -136,6 +136,14 @@ def make_optimizer(cfg, params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.adam_eps, fused=True)
 
 
+def annealed_lr(cfg, progress: float, lr_scale: float = 1.0) -> float:
+    """The learning rate at ``progress`` (0 to 1 of the run): ``lr`` annealed linearly to ``lr_floor`` when
+    ``anneal_lr``, times ``lr_scale`` (lowered by each rollback)."""
+    if not cfg.anneal_lr:
+        return cfg.lr * lr_scale
+    return (cfg.lr_floor + max(1.0 - progress, 0.0) * (cfg.lr - cfg.lr_floor)) * lr_scale
+
+
 def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float,
                   sync_grads=None, scaler=None) -> tuple[torch.Tensor, torch.Tensor]:
     """zero_grad, backward (scaled for fp16), cross-rank sync, unscale, global-norm clip, step.

@@ -19,7 +19,7 @@ import torch
 
 from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
-from fastrl.amp import autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
+from fastrl.amp import annealed_lr, autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config
@@ -88,15 +88,15 @@ class Trainer:
         distributed.broadcast_module_(self.agent)
         self.optimizer = make_optimizer(cfg, self.agent.parameters())
         self.params = list(self.agent.parameters())
+        self.steps_per_iteration = self.n_envs * cfg.n_steps * self.dist.world_size
+        self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
+        self.total_steps = self.n_iterations * self.steps_per_iteration
         self._build_step_functions()
         self.buffer = make_rollout_buffer(cfg.n_steps, self.n_envs, self.env.observation_shape,
                                           self.env.observation_dtype, self.env.action_spec, self.device)
         self.sample_generator = torch.Generator(device=self.device)
         self.sample_generator.manual_seed(cfg.seed * 7919 + rank)
         torch.manual_seed(cfg.seed * 31 + rank)  # per-rank action sampling
-        self.steps_per_iteration = self.n_envs * cfg.n_steps * self.dist.world_size
-        self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
-        self.total_steps = self.n_iterations * self.steps_per_iteration
         self.iteration = 0
         self.global_step = 0
         self.lr_scale = 1.0  # lowered by each rollback
@@ -119,8 +119,7 @@ class Trainer:
         cfg, agent = self.cfg, self.agent
         self.autocast = autocast_factory(self.device, cfg.amp)
         self.scaler = grad_scaler(self.device, cfg.amp)
-        gradient_steps = max(1, cfg.total_steps // (self.n_envs * cfg.n_steps * self.dist.world_size)) * (
-            1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
+        gradient_steps = self.n_iterations * (1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
         # What the update graph depends on: a run with the same key reuses the cached compile.
         self.compile_key = hashlib.sha1(repr((
             cfg.algo, self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
@@ -192,11 +191,7 @@ class Trainer:
         self.global_step += self.steps_per_iteration
 
     def current_lr(self) -> float:
-        cfg = self.cfg
-        if not cfg.anneal_lr:
-            return cfg.lr * self.lr_scale
-        frac = 1.0 - self.iteration / self.n_iterations
-        return (cfg.lr_floor + max(frac, 0.0) * (cfg.lr - cfg.lr_floor)) * self.lr_scale
+        return annealed_lr(self.cfg, self.iteration / self.n_iterations, self.lr_scale)
 
     def update(self) -> dict:
         """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
