@@ -196,9 +196,11 @@ class CompiledUpdate:
 
     # ------------------------------------------------------------------ the compiled functions
     def _loss(self, params: list, clip_coef, ent_coef, observation, action, old_logp, advantage, old_value,
-              value_target, valid):
-        """The loss ``ppo_loss_terms`` / ``a2c_loss_terms`` compute, with the parameters as an argument."""
+              value_target, valid, vf_coef=None):
+        """The loss ``ppo_loss_terms`` / ``a2c_loss_terms`` compute, with the parameters as an argument.
+        ``vf_coef``: a 0-d tensor (a population member's own), default ``cfg.vf_coef``."""
         cfg = self.cfg
+        vf_coef = self.vf_coef if vf_coef is None else vf_coef
         named = {slot: params[index] for slot, index in self.slots}
         with self.autocast():
             _, logp, entropy, value = functional_call(self.forward_module, named, (observation, action),
@@ -206,10 +208,10 @@ class CompiledUpdate:
         # backend="torch": the composed ops, which inductor fuses (and which torch.func can differentiate).
         if self.algo == "a2c":
             return kernels.pg_loss(logp.float(), advantage, value.float(), value_target, entropy.float(), valid,
-                                   vf_coef=self.vf_coef, ent_coef=ent_coef, normalize_advantage=cfg.norm_adv,
+                                   vf_coef=vf_coef, ent_coef=ent_coef, normalize_advantage=cfg.norm_adv,
                                    backend="torch")
         return kernels.ppo_loss(logp.float(), old_logp, advantage, value.float(), old_value, value_target,
-                                entropy.float(), valid, clip_coef=clip_coef, vf_coef=self.vf_coef,
+                                entropy.float(), valid, clip_coef=clip_coef, vf_coef=vf_coef,
                                 ent_coef=ent_coef, clip_vloss=cfg.clip_vloss, normalize_advantage=cfg.norm_adv,
                                 backend="torch")
 
@@ -219,23 +221,36 @@ class CompiledUpdate:
 
     def _apply(self, params: list, state: tuple, lr, grads: list, loss):
         """Clip, guard, optimizer math and the in-place writes. Returns ``(grad_norm, nonfinite)``."""
+        new, grad_norm, nonfinite = self._new_values(params, state, lr, grads, loss)
+        for old_list, new_list in zip((params, *state), new):
+            for old, value in zip(old_list, new_list):
+                old.copy_(value)
+        return grad_norm, nonfinite
+
+    def _new_values(self, params: list, state: tuple, lr, grads: list, loss, max_grad_norm=None):
+        """Clip, guard and optimizer math, out of place (what ``torch.func.vmap`` over a population needs).
+
+        Returns ``(new, grad_norm, nonfinite)``: ``new`` the lists ``(params, *state)`` after the step, equal to
+        the old ones where the step was skipped. ``max_grad_norm``: a 0-d tensor (a population member's own,
+        0 disables), default ``cfg.max_grad_norm``."""
         grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-        if self.max_grad_norm > 0:
+        if max_grad_norm is not None:
+            scale = torch.where(max_grad_norm > 0, (max_grad_norm / (grad_norm + _NORM_EPS)).clamp(max=1.0),
+                                torch.ones_like(grad_norm))
+            grads = [g * scale for g in grads]
+        elif self.max_grad_norm > 0:
             scale = (self.max_grad_norm / (grad_norm + _NORM_EPS)).clamp(max=1.0)
             grads = [g * scale for g in grads]
         ok = torch.isfinite(loss) & torch.isfinite(grad_norm)
         if self.kind == "adam":
             exp_avgs, exp_avg_sqs, steps = state
             new = _adam(params, grads, exp_avgs, exp_avg_sqs, steps, lr, self.beta1, self.beta2, self.eps)
-            olds = (params, exp_avgs, exp_avg_sqs, steps)
         else:
             square_avgs, steps = state
             new = _rmsprop(params, grads, square_avgs, steps, lr, self.alpha, self.eps)
-            olds = (params, square_avgs, steps)
-        for old_list, new_list in zip(olds, new):
-            for old, value in zip(old_list, new_list):
-                old.copy_(torch.where(ok, value, old))
-        return grad_norm, ~ok
+        guarded = tuple([torch.where(ok, value, old) for old, value in zip(old_list, new_list)]
+                        for old_list, new_list in zip((params, *state), new))
+        return guarded, grad_norm, ~ok
 
     def _fused_step(self, params: list, state: tuple, lr, clip_coef, ent_coef, *loss_inputs):
         grads, loss, stats = self._grads(params, clip_coef, ent_coef, *loss_inputs)

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from fastrl.envs import ActionSpec
+from fastrl.envs import ActionSpec, is_procgen
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -44,9 +44,11 @@ def categorical_logp_entropy(logits: torch.Tensor, action: torch.Tensor) -> tupl
     return logp, entropy
 
 
-def categorical_sample(logits: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max sampling: no host sync, compiles cleanly. ``[B, A] -> [B]`` int64."""
-    uniform = torch.rand_like(logits, dtype=torch.float32).clamp_(1e-20, 1.0)
+def categorical_sample(logits: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
+    """Gumbel-max sampling: no host sync, compiles cleanly. ``[B, A] -> [B]`` int64.
+
+    ``uniform [B, A]``: the U(0, 1) draws to use (default: ``torch.rand_like`` from the global generator)."""
+    uniform = (torch.rand_like(logits, dtype=torch.float32) if uniform is None else uniform).clamp(1e-20, 1.0)
     return torch.argmax(logits.float() - torch.log(-torch.log(uniform)), dim=-1)
 
 
@@ -87,18 +89,22 @@ class ActorCritic(nn.Module):
         x = obs.flatten(1).float()
         return self.value_head(self.critic_trunk(x)).squeeze(-1).float()
 
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             noise: torch.Tensor | None = None):
+        """``noise [B, A]`` (optional, when sampling): U(0, 1) draws for discrete actions, N(0, 1) for continuous
+        ones; default: drawn from torch's global generator, as ``rand_like`` / ``randn_like`` would."""
         actor, critic = self._features(obs)
         out = self.policy_head(actor)
         value = self.value_head(critic).squeeze(-1).float()
         if self.discrete:
             if action is None:
-                action = categorical_sample(out)
+                action = categorical_sample(out, noise)
             logp, entropy = categorical_logp_entropy(out, action)
         else:
             log_std = self.log_std
             if action is None:
-                action = out.float() + torch.randn_like(out, dtype=torch.float32) * log_std.exp()
+                draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
+                action = out.float() + draws * log_std.exp()
             action = action.view(out.shape)
             logp, entropy = gaussian_logp_entropy(out, log_std, action)
             action = action.view(-1, *self.action_spec.shape)
@@ -179,12 +185,15 @@ class MiniGridCNN(_ConvEncoder):
 ENCODERS = {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minigrid_cnn": MiniGridCNN}
 
 
-def resolve_encoder(name: str, obs_shape: tuple) -> str:
-    """``auto``: MLP for flat observations, MiniGridCNN for grids smaller than 16x16, NatureCNN for frames."""
+def resolve_encoder(name: str, obs_shape: tuple, env_id: str = "") -> str:
+    """``auto``: MLP for flat observations, MiniGridCNN for grids smaller than 16x16, ImpalaResNet for Procgen
+    (``env_id`` an EnvPool Procgen id, as in Cobbe et al. 2020), NatureCNN for other frames."""
     if name != "auto":
         return name
     if len(obs_shape) != 3:
         return "mlp"
+    if env_id and is_procgen(env_id):
+        return "impala_resnet"
     return "minigrid_cnn" if min(obs_shape[1:]) < 16 else "nature_cnn"
 
 
@@ -223,17 +232,20 @@ class PixelActorCritic(nn.Module):
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.value_head(self._features(obs)).squeeze(-1).float()
 
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None):
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             noise: torch.Tensor | None = None):
+        """See ``ActorCritic.get_action_and_value``."""
         features = self._features(obs)
         out = self.policy_head(features)
         value = self.value_head(features).squeeze(-1).float()
         if self.discrete:
             if action is None:
-                action = categorical_sample(out)
+                action = categorical_sample(out, noise)
             logp, entropy = categorical_logp_entropy(out, action)
         else:
             if action is None:
-                action = out.float() + torch.randn_like(out, dtype=torch.float32) * self.log_std.exp()
+                draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
+                action = out.float() + draws * self.log_std.exp()
             action = action.view(out.shape)
             logp, entropy = gaussian_logp_entropy(out, self.log_std, action)
             action = action.view(-1, *self.action_spec.shape)
@@ -250,7 +262,7 @@ class PixelActorCritic(nn.Module):
 def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
                channels_last: bool = False) -> nn.Module:
     """The actor-critic ``cfg.encoder`` asks for. ``obs_scale`` None: 1/255 for image observations."""
-    encoder = resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape))
+    encoder = resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape), getattr(cfg, "env", ""))
     if encoder == "mlp":
         return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std)
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
