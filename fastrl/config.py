@@ -89,7 +89,8 @@ class Config:
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
-    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors, minigrid_cnn for small grids, nature_cnn for frames)",
+    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors, minigrid_cnn for small grids, impala_resnet for Procgen, "
+                                 "nature_cnn for other frames)",
                       ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn"))
     amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
                   ("off", "bf16", "fp16"))

@@ -130,9 +130,43 @@ def envpool_ids() -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
+def is_procgen(env_id: str) -> bool:
+    """An EnvPool Procgen id (``CoinrunEasy-v0``, ...): uint8 ``[3, 64, 64]`` frames, 15 actions. Read from EnvPool's
+    registry, so no Procgen code (and no Qt) is loaded to answer."""
+    if env_id not in envpool_ids():
+        return False
+    from envpool.registration import registry
+    entry = getattr(registry, "specs", {}).get(env_id)
+    return bool(entry) and entry[0] == "envpool.procgen"
+
+
+# EnvPool's Procgen links the system Qt 5 libraries (libQt5Core, libQt5Gui); Debian/Ubuntu ship both in this package.
+PROCGEN_QT_PACKAGE = "libqt5gui5"
+
+
+def _load_procgen():
+    """Load EnvPool's Procgen extension (raises ImportError when the Qt 5 runtime is missing)."""
+    import envpool.procgen
+    return envpool.procgen.ProcgenEnvSpec  # the module defers its import error to the first attribute access
+
+
+def require_procgen_runtime(env_id: str) -> None:
+    """Raise a one-line UserError naming the system package to install when Procgen cannot load for want of Qt 5."""
+    try:
+        _load_procgen()
+    except ImportError as e:
+        causes = f"{e} {e.__cause__ or ''}"
+        if "qt" not in causes.lower():
+            raise
+        raise UserError(f"{env_id} (EnvPool Procgen) needs the system Qt 5 runtime, which is not installed: install "
+                        f"it with `apt-get install -y {PROCGEN_QT_PACKAGE}` (Debian/Ubuntu; `dnf install qt5-qtbase` "
+                        "on Fedora)") from None
+
+
+@functools.lru_cache(maxsize=None)
 def is_atari(env_id: str) -> bool:
     """An EnvPool Atari id (its spec has the Atari preprocessing options)."""
-    if env_id not in envpool_ids():
+    if env_id not in envpool_ids() or is_procgen(env_id):
         return False
     import envpool
     return hasattr(envpool.make_spec(env_id).config, "episodic_life")
@@ -288,6 +322,8 @@ class BatchedEnv:
             import envpool
             if num_threads:
                 env_kwargs["num_threads"] = num_threads
+            if is_procgen(lookup_id):
+                require_procgen_runtime(env_id)
             try:
                 with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every build
                     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")

@@ -174,7 +174,7 @@ def check_model(cfg: Config, observation_shape: tuple, observation_dtype: torch.
     if cfg.normalize_obs and not observation_dtype.is_floating_point:
         raise UserError(f"normalize_obs needs float observations, and {cfg.env} gives {dtype_name} ones (stored as "
                         f"{dtype_name}, scaled inside the model): drop normalize_obs")
-    encoder = resolve_encoder(cfg.encoder, shape)
+    encoder = resolve_encoder(cfg.encoder, shape, cfg.env)
     if encoder == "mlp":
         return
     named = f"encoder={cfg.encoder}" if cfg.encoder == encoder else f"encoder={cfg.encoder} (here {encoder})"
