@@ -1,4 +1,5 @@
-"""Deterministic evaluation on separate envs: the policy's mode, ``episodes`` episodes per seed; and videos of it."""
+"""Deterministic evaluation on separate envs, batched: ``seeds`` x ``episodes`` episodes in one batched env, the
+policy's mode; and videos of it."""
 from __future__ import annotations
 
 import os
@@ -13,34 +14,83 @@ from fastrl.envs import make_env
 VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
 
 
-def eval_seed(run_seed: int, k: int) -> int:
-    """Seeds for eval envs, disjoint from the training envs' seeds."""
-    return (run_seed * 100_003 + 700_000_000 + k * 10_007) % (2**31 - 1)
+def eval_seed(run_seed: int, k: int = 0, episodes: int = 0) -> int:
+    """The first env seed of evaluation seed group ``k`` (``episodes`` envs each); its env j is seeded
+    ``eval_seed(run_seed, k, episodes) + j``. Disjoint from the training envs' seeds.
+
+    The groups are contiguous so that one batched env of ``seeds * episodes`` envs holds them all: EnvPool seeds env
+    i of a pool with ``seed + i`` and takes no per-env seed list. Group 0 (the videos' seeds) is what it was before
+    evaluation was batched; groups k >= 1 were spaced 10,007 apart then, which one pool cannot reproduce.
+    """
+    return (run_seed * 100_003 + 700_000_000) % (2**31 - 1) + k * episodes
+
+
+def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic: bool) -> torch.Tensor:
+    obs = obs.to(device, non_blocking=True)
+    action = agent.act_deterministic(obs) if deterministic else agent.get_action_and_value(obs)[0]
+    return action.cpu()
+
+
+def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_000,
+                        deterministic: bool = True) -> torch.Tensor:
+    """Step every env of the batched ``env`` together until each has finished its first episode (or ``max_steps``
+    steps). Returns each env's first-episode return, float64 ``[env.n_envs]``; an episode still running after
+    ``max_steps`` counts its return so far.
+
+    Per step: one policy forward over the whole batch, one env step, and masked bookkeeping on ``[N]`` CPU tensors
+    (no per-env Python loop). Envs that finished early keep stepping with the rest (auto-reset), their later
+    episodes masked out.
+    """
+    obs = env.reset()
+    finished = torch.zeros(env.n_envs, dtype=torch.bool)
+    episode_return = torch.zeros(env.n_envs, dtype=torch.float64)
+    for _ in range(max_steps):
+        step = env.step(_policy_action(agent, obs, device, deterministic))
+        episode_return += step.reward.double() * ~finished
+        finished |= step.done
+        obs = step.observation
+        if bool(finished.all()):
+            break
+    return episode_return
+
+
+def _eval_env(cfg, n_envs: int, seed: int, normalizer_state: dict | None):
+    # training=False: frozen normalizer statistics, unscaled rewards, whole unclipped Atari games.
+    env = make_env(cfg, n_envs=n_envs, seed=seed, training=False)
+    if normalizer_state is not None:
+        env.load_state_dict(normalizer_state)
+    return env
 
 
 @torch.no_grad()
 def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
-             max_steps: int = 100_000) -> torch.Tensor:
-    """Run ``episodes`` envs per seed to the end of their first episode. Returns returns ``[seeds * episodes]``."""
+             max_steps: int = 100_000, deterministic: bool = True) -> torch.Tensor:
+    """Play ``seeds`` x ``episodes`` episodes at once: one batched env of ``seeds * episodes`` envs, each
+    contributing its first episode. Returns the returns, float64 ``[seeds * episodes]``, seed group by seed group
+    (env ``k * episodes + j`` is seeded ``eval_seed(cfg.seed, k, episodes) + j``).
+
+    ``deterministic``: the policy's mode (argmax / mean); False samples. ``max_steps``: see ``play_first_episodes``.
+    ``evaluate_per_seed`` is the plain twin, one seed group after another; for a deterministic policy both give
+    the same returns.
+    """
+    env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
+    try:
+        return play_first_episodes(agent, env, device, max_steps, deterministic)
+    finally:
+        env.close()
+
+
+@torch.no_grad()
+def evaluate_per_seed(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
+                      max_steps: int = 100_000, deterministic: bool = True) -> torch.Tensor:
+    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another."""
     results = []
     for k in range(seeds):
-        # training=False: frozen normalizer statistics, unscaled rewards, whole unclipped Atari games.
-        env = make_env(cfg, n_envs=episodes, seed=eval_seed(cfg.seed, k), training=False)
-        if normalizer_state is not None:
-            env.load_state_dict(normalizer_state)
-        obs = env.reset()
-        finished = torch.zeros(episodes, dtype=torch.bool)
-        episode_return = torch.zeros(episodes, dtype=torch.float64)
-        for _ in range(max_steps):
-            action = agent.act_deterministic(obs.to(device)).cpu()
-            step = env.step(action)
-            episode_return += step.reward.double() * ~finished
-            finished |= step.done
-            obs = step.observation
-            if bool(finished.all()):
-                break
-        env.close()
-        results.append(episode_return)
+        env = _eval_env(cfg, episodes, eval_seed(cfg.seed, k, episodes), normalizer_state)
+        try:
+            results.append(play_first_episodes(agent, env, device, max_steps, deterministic))
+        finally:
+            env.close()
     return torch.cat(results)
 
 
