@@ -2,9 +2,9 @@
 
     python -m benchmarks.report [--results benchmarks/results] [--out benchmarks/RESULTS.md] [--machine TAG ...]
 
-Reads ``<results>/<machine-tag>/*.json`` (whatever parts have run: peers, learning, envs_sps, train_sps,
-rollout_sps, kernels, ddp_scaling, impala_sps), writes one Markdown file with a section per machine, and per
-machine the plots under ``<results>/<machine-tag>/plots/``:
+Reads ``<results>/<machine-tag>/*.json`` (whatever parts have run: peers, peers_sb3_zoo, peers_sb3_default,
+peers_rejax, learning, envs_sps, train_sps, rollout_sps, kernels, ddp_scaling, impala_sps), writes one Markdown
+file with a section per machine, and per machine the plots under ``<results>/<machine-tag>/plots/``:
 - ``learning_curves.png``: mean return of the last 100 episodes against env steps and against wall seconds,
   fastrl and SB3 on the same axes (one row per env);
 - ``sps.png``: steps/s bars (training against SB3, raw env backends, end to end);
@@ -23,8 +23,8 @@ from pathlib import Path
 from benchmarks.common import RESULTS_DIR, markdown_table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
-PARTS = ("peers", "learning", "envs_sps", "train_sps", "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner",
-         "default_solve")
+PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
+         "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -62,6 +62,46 @@ def peers_section(report: dict) -> list:
             f"(or at the budget). Medians over {report.get('seeds', '?')} seed(s); "
             f"'-' where fewer than half the seeds reached the threshold. ({_when(report)})", "",
             peers_table(report["results"])]
+
+
+def _threads(report: dict) -> str:
+    return f"{report.get('threads', '?')} torch thread(s) on every side"
+
+
+def sb3_zoo_section(report: dict) -> list:
+    from benchmarks.peers import sb3_table
+    entry = report["result"]
+    return [f"SB3 like for like: both libraries at the [rl-baselines3-zoo]({report.get('zoo_source', '')}) PPO "
+            f"settings for CartPole-v1 (lr and clip range annealed linearly to 0, no value clipping; fastrl's "
+            f"mapping: `fastrl_from_sb3` in benchmarks/peers.py), each run stopped when the mean return of its last "
+            f"100 episodes reaches {entry['threshold']:g}, checked after every update on both sides; budget "
+            f"{entry['budget_steps']:,} steps. Medians over {report.get('seeds', '?')} seed(s), {_threads(report)}; "
+            f"training seconds from the first rollout (fastrl[compiled]: its compile included, from a warm cache). "
+            f"`python -m benchmarks.peers --part sb3-zoo`. ({_when(report)})", "", sb3_table(entry)]
+
+
+def sb3_default_section(report: dict) -> list:
+    from benchmarks.peers import sb3_table
+    entry = report["result"]
+    return [f"Steps/s at SB3's default PPO hyperparameters (`PPO(\"MlpPolicy\", env)`, "
+            f"{entry['sb3_hyperparameters']['n_envs']} env, n_steps 2048, minibatch 64, 10 epochs) on CartPole-v1, a "
+            f"fixed budget of {entry['budget_steps']:,} steps; fastrl with the same hyperparameters, eager and "
+            f"compiled. Medians over {report.get('seeds', '?')} seed(s), {_threads(report)}. "
+            f"`python -m benchmarks.peers --part sb3-default`. ({_when(report)})", "", sb3_table(entry)]
+
+
+def rejax_section(report: dict) -> list:
+    from benchmarks.peers import rejax_table
+    entry = report["result"]
+    return [f"The JAX peer: rejax PPO with [its CartPole-v1 config]({entry.get('rejax_source', '')}) "
+            f"({entry['rejax_config']['num_envs']} envs x {entry['rejax_config']['num_steps']} steps, "
+            f"{entry['rejax_config']['num_epochs']} epochs, {entry['rejax_config']['num_minibatches']} minibatches, "
+            f"{entry['budget_steps']:,} steps), jitted end to end on the CPU (XLA flags `{report.get('xla_flags', '')}`), "
+            f"and fastrl at the same config (`fastrl_from_rejax` in benchmarks/peers.py). Both evaluate "
+            f"{entry['eval_episodes']} sampled episodes every {entry['eval_every_steps']:,} steps; the training seconds "
+            f"to the first evaluation >= {entry['threshold']:g} leave the evaluations out (rejax: steps / its "
+            f"training steps/s). Medians over {report.get('seeds', '?')} seed(s), {_threads(report)}. "
+            f"`python -m benchmarks.peers --part rejax`. ({_when(report)})", "", rejax_table(entry)]
 
 
 def learning_section(report: dict) -> list:
@@ -168,6 +208,9 @@ def default_solve_section(report: dict) -> list:
 
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
+    "peers_sb3_zoo": ("SB3 like for like, at the zoo's CartPole settings", sb3_zoo_section),
+    "peers_sb3_default": ("Steps/s at SB3's default hyperparameters", sb3_default_section),
+    "peers_rejax": ("The JAX peer (rejax)", rejax_section),
     "learning": ("Learning at the zoo's budgets", learning_section),
     "envs_sps": ("Environment throughput", envs_section),
     "train_sps": ("End to end", train_sps_section),

@@ -43,6 +43,7 @@ _V_TRACE = ACTOR_LEARNER_ALGOS, "{algo} has no V-trace targets", "use --algo imp
 APPLIES_TO = {
     "clip_coef": _PPO_CLIP,
     "clip_vloss": _PPO_CLIP,
+    "anneal_clip": (("ppo",), "{algo} anneals no clip range", "use --algo ppo"),
     "target_kl": (("ppo",), "{algo} does not stop its update early on approx_kl", "use --algo ppo"),
     # n_minibatches applies to all (impala: env-column minibatches); a2c reads n_epochs and validate() requires 1.
     "n_epochs": (("ppo", "appo", "a2c"), "one pass per batch; APPO reuses batches", "use --algo appo"),
@@ -114,6 +115,8 @@ class Config:
     n_epochs: int = _f(20, "PPO epochs per rollout")
     n_minibatches: int = _f(1, "PPO minibatches per epoch")
     clip_coef: float = _f(0.2, "PPO surrogate clip range")
+    anneal_clip: bool = _f(False, "anneal clip_coef linearly to 0 over the run, per iteration, as the learning rate "
+                                  "anneals (SB3's lin_0.2 clip_range); ppo only")
     clip_vloss: bool = _f(True, "clip the value loss around the old value")
     norm_adv: bool = _f(True, "normalize advantages per minibatch")
     target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")

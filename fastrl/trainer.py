@@ -9,6 +9,7 @@ the others' once per minibatch, which equals the gradient of the global minibatc
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -139,9 +140,16 @@ class Trainer:
                 return agent.get_value(obs)
 
         loss_terms = a2c_loss_terms if cfg.algo == "a2c" else ppo_loss_terms
+        # anneal_clip: the losses read clip_coef from a copy of cfg whose clip_coef is a 0-d tensor, refilled in
+        # place each iteration (update()), so no loss, eager or compiled, recompiles.
+        self.loss_cfg = cfg
+        if cfg.anneal_clip:
+            self.loss_cfg = dataclasses.replace(cfg)
+            self.loss_cfg.clip_coef = torch.tensor(float(cfg.clip_coef), device=self.device)
+        loss_cfg = self.loss_cfg
 
         def loss_fn(*tensors):
-            return loss_terms(agent, cfg, *tensors, autocast=autocast)
+            return loss_terms(agent, loss_cfg, *tensors, autocast=autocast)
 
         mode = self.compile_mode
         self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
@@ -151,7 +159,7 @@ class Trainer:
         self.step_fn = None
         if self.update_compile_mode != "off" and self.scaler is None:  # fp16's GradScaler stays on the eager path
             sync = self._sync_flat_grads if self.dist.enabled else None
-            self.step_fn = CompiledUpdate(agent, self.optimizer, cfg, cfg.algo, autocast, self.update_compile_mode,
+            self.step_fn = CompiledUpdate(agent, self.optimizer, loss_cfg, cfg.algo, autocast, self.update_compile_mode,
                                           sync_grads=sync)
 
     # ------------------------------------------------------------------ hot path
@@ -193,11 +201,19 @@ class Trainer:
     def current_lr(self) -> float:
         return annealed_lr(self.cfg, self.iteration / self.n_iterations, self.lr_scale)
 
+    def current_clip_coef(self) -> float:
+        """``clip_coef``, annealed linearly to 0 with ``anneal_clip`` (on the learning rate's per-iteration clock)."""
+        if not self.cfg.anneal_clip:
+            return self.cfg.clip_coef
+        return self.cfg.clip_coef * max(1.0 - self.iteration / self.n_iterations, 0.0)
+
     def update(self) -> dict:
         """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
         lr = self.current_lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        if self.cfg.anneal_clip:
+            self.loss_cfg.clip_coef.fill_(self.current_clip_coef())
         with self.timer.section("update"):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
             compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
@@ -213,6 +229,8 @@ class Trainer:
         elif self.step_fn is not None and self.iteration == 0:
             mark_compiled(self.compile_key)
         metrics["charts/learning_rate"] = lr
+        if self.cfg.anneal_clip:
+            metrics["charts/clip_coef"] = self.current_clip_coef()
         self.iteration += 1
         return metrics
 

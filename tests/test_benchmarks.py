@@ -191,6 +191,133 @@ def test_peers_and_learning_end_to_end_tiny(tmp_path):
     assert learning["budget_steps"] == 1024 and learning["eval_return_median"] is not None
 
 
+def test_sb3_zoo_mapping_is_sb3s_settings_term_by_term():
+    from fastrl.config import make_config
+    zoo = peers.fastrl_from_sb3(peers.sb3_settings("sb3-zoo"))
+    cfg = make_config(zoo)  # a valid fastrl config
+    assert (cfg.n_envs, cfg.n_steps, cfg.minibatch_size, cfg.n_minibatches, cfg.n_epochs) == (8, 32, 256, 1, 20)
+    assert (cfg.gamma, cfg.gae_lambda, cfg.ent_coef, cfg.max_grad_norm) == (0.98, 0.8, 0.0, 0.5)
+    assert (cfg.lr, cfg.anneal_lr, cfg.lr_floor) == (1e-3, True, 0.0)  # lin_0.001
+    assert (cfg.clip_coef, cfg.anneal_clip) == (0.2, True)  # lin_0.2
+    assert cfg.clip_vloss is False  # clip_range_vf None
+    assert cfg.vf_coef == 1.0  # SB3's 0.5 x MSE is fastrl's 1.0 x 1/2 MSE
+    assert (cfg.norm_adv, cfg.adam_eps, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk) == \
+        (True, 1e-5, [64, 64], "tanh", False)
+    assert (cfg.normalize_obs, cfg.normalize_reward, cfg.target_kl) == (False, False, 0.0)
+    default = make_config(peers.fastrl_from_sb3(peers.sb3_settings("sb3-default")))
+    assert (default.n_envs, default.n_steps, default.minibatch_size, default.n_epochs) == (1, 2048, 64, 10)
+    assert (default.lr, default.anneal_lr, default.clip_coef, default.anneal_clip) == (3e-4, False, 0.2, False)
+    assert (default.gamma, default.gae_lambda, default.vf_coef, default.clip_vloss) == (0.99, 0.95, 1.0, False)
+    assert peers.zoo_value("lin_0.2") == (0.2, True) and peers.zoo_value(3e-4) == (3e-4, False)
+    assert peers.Linear(0.2)(0.5) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="clips the value loss"):
+        peers.fastrl_from_sb3({**peers.sb3_settings("sb3-zoo"), "clip_range_vf": 0.2})
+
+
+def test_rejax_mapping_term_by_term():
+    from fastrl.config import make_config
+    r = peers.REJAX_PPO_CARTPOLE
+    cfg = make_config(peers.fastrl_from_rejax(r))
+    assert (cfg.n_envs, cfg.n_steps, cfg.n_epochs, cfg.n_minibatches) == \
+        (r["num_envs"], r["num_steps"], r["num_epochs"], r["num_minibatches"]) == (5, 100, 5, 5)
+    assert (cfg.lr, cfg.anneal_lr, cfg.gamma, cfg.gae_lambda) == (0.00075, False, 0.99, 0.95)
+    assert (cfg.clip_coef, cfg.anneal_clip, cfg.clip_vloss) == (0.2, False, True)  # rejax clips the value with clip_eps
+    assert (cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm) == (0.01, 0.5, 0.5)  # both 1/2 MSE
+    assert (cfg.hidden_sizes, cfg.activation, cfg.shared_trunk) == ([64, 64], "tanh", False)
+    assert (cfg.optimizer, cfg.adam_eps, cfg.norm_adv) == ("adam", 1e-8, True)  # optax.adam's eps
+    assert (cfg.normalize_obs, cfg.normalize_reward, cfg.env) == (False, False, "CartPole-v1")
+    assert r["total_timesteps"] == peers.SPEED_BUDGETS["rejax"]["full"] and r["eval_freq"] == 1000
+
+
+def test_sb3_defaults_table_is_what_sb3_uses():
+    pytest.importorskip("stable_baselines3")
+    h = peers.sb3_settings("sb3-default")
+    model = peers.sb3_native("sb3-default", 0)
+    try:
+        assert model.env.num_envs == h["n_envs"]
+        assert (model.n_steps, model.batch_size, model.n_epochs, model.gamma, model.gae_lambda) == \
+            (h["n_steps"], h["batch_size"], h["n_epochs"], h["gamma"], h["gae_lambda"])
+        assert (model.ent_coef, model.vf_coef, model.max_grad_norm, model.normalize_advantage) == \
+            (h["ent_coef"], h["vf_coef"], h["max_grad_norm"], h["normalize_advantage"])
+        assert model.clip_range(0.3) == h["clip_range"] and model.clip_range_vf is None
+        assert model.lr_schedule(0.3) == pytest.approx(h["learning_rate"])
+        assert model.policy.optimizer.defaults["eps"] == h["adam_eps"] and model.policy.ortho_init
+        assert model.policy.net_arch == {"pi": h["net_arch"], "vf": h["net_arch"]}
+        assert model.policy.activation_fn.__name__.lower() == h["activation"]
+    finally:
+        model.get_env().close()
+    zoo = peers.sb3_native("sb3-zoo", 0)
+    try:
+        assert (zoo.env.num_envs, zoo.n_steps, zoo.batch_size, zoo.n_epochs, zoo.gamma, zoo.gae_lambda) == \
+            (8, 32, 256, 20, 0.98, 0.8)
+        assert zoo.clip_range(1.0) == pytest.approx(0.2) and zoo.clip_range(0.25) == pytest.approx(0.05)
+        assert zoo.lr_schedule(0.5) == pytest.approx(5e-4) and zoo.clip_range_vf is None and zoo.vf_coef == 0.5
+    finally:
+        zoo.get_env().close()
+
+
+@pytest.mark.parametrize("part,max_steps", [("sb3-zoo", 512), ("sb3-default", 2048)])
+def test_sb3_parts_end_to_end_tiny(tmp_path, part, max_steps):
+    pytest.importorskip("stable_baselines3", reason="the sb3 parts need stable-baselines3 (pip install -e '.[bench]')")
+    assert peers.main(["--part", part, "--quick", "--max-steps", str(max_steps), "--no-compiled", "--no-progress",
+                       "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / f"peers_{part.replace('-', '_')}.json").read_text())
+    entry = data["result"]
+    assert data["threads"] == 1 and set(entry["runs"]) == {"sb3", "fastrl"}
+    for lib, (run_,) in entry["runs"].items():
+        assert run_["total_steps"] <= max_steps + 256 and run_["sps"] > 0 and run_["torch_threads"] == 1, lib
+    assert entry["summary"]["fastrl"]["sps_over_sb3"] > 0
+    assert entry["fastrl_overrides"]["anneal_clip"] is (part == "sb3-zoo")
+    text, _ = report.render(tmp_path.parent, tmp_path.parent / "RESULTS.md")
+    assert peers.sb3_table(entry) in text
+
+
+def test_rejax_part_end_to_end_tiny(tmp_path, monkeypatch):
+    pytest.importorskip("rejax", reason="the rejax part needs rejax (pip install -e '.[jax]')")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # restored after the test, as main() sets both
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert peers.main(["--part", "rejax", "--quick", "--max-steps", "2000", "--no-compiled", "--no-progress",
+                       "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "peers_rejax.json").read_text())
+    entry = data["result"]
+    assert data["jax_platforms"] == "cpu" and "intra_op_parallelism_threads=1" in data["xla_flags"]
+    (rejax_run,), (fastrl_run,) = entry["runs"]["rejax"], entry["runs"]["fastrl"]
+    assert rejax_run["compile_s"] > 0 and rejax_run["sps"] > 0 and len(rejax_run["evals"]) == 3  # steps 0, 1000, 2000
+    assert fastrl_run["sps"] > 0 and [at for at, _, _ in fastrl_run["evals"]] == [1000, 2000]
+    assert entry["summary"]["fastrl"]["sps_over_rejax"] > 0
+
+
+def test_speed_parts_render_into_results_md(tmp_path):
+    machine = {"machine": "cpu-test", "cpu_model": "Test CPU", "cpu_count": 2, "torch": "2.x", "python": "3.11",
+               "timestamp": "2026-01-01T00:00:00+0000"}
+    zoo_runs = {"sb3": [_peers_run("sb3", 480.0, True, 4e-4)], "fastrl": [_peers_run("fastrl", 480.0, True, 2e-4)]}
+    zoo = {"env": "CartPole-v1", "algo": "ppo", "part": "sb3-zoo", "threshold": 475.0, "budget_steps": 100_000,
+           "sb3_hyperparameters": peers.sb3_settings("sb3-zoo"), "compile": {"fastrl": "off"}, "runs": zoo_runs,
+           "skipped": {}, "summary": {lib: peers.aggregate(r) for lib, r in zoo_runs.items()}}
+    zoo["summary"]["fastrl"].update(sps_over_sb3=2.0, time_to_threshold_over_sb3=0.5)
+    rejax_summary = {"rejax": {"seeds": 1, "reached": 1, "steps_to_threshold_median": 20_000,
+                               "time_to_threshold_s_median": 0.25, "sps_median": 80_000.0, "compile_s_median": 9.0},
+                     "fastrl": {"seeds": 1, "reached": 0, "steps_to_threshold_median": None,
+                                "time_to_threshold_s_median": None, "sps_median": 3_000.0, "sps_over_rejax": 0.0375}}
+    rejax = {"env": "CartPole-v1", "algo": "ppo", "part": "rejax", "threshold": 475.0, "budget_steps": 100_000,
+             "rejax_config": peers.REJAX_PPO_CARTPOLE, "rejax_source": peers.REJAX_SOURCE, "eval_every_steps": 1000,
+             "eval_episodes": 128, "compile": {"fastrl": "off"}, "runs": {}, "skipped": {}, "summary": rejax_summary}
+    d = tmp_path / "results" / "cpu-test"
+    d.mkdir(parents=True)
+    for name, entry in (("peers_sb3_zoo", zoo), ("peers_sb3_default", {**zoo, "part": "sb3-default",
+                                                                       "sb3_hyperparameters": peers.SB3_PPO_DEFAULTS}),
+                        ("peers_rejax", rejax)):
+        (d / f"{name}.json").write_text(json.dumps({"benchmark": name, "machine": machine, "threads": 1, "seeds": 1,
+                                                    "result": entry}))
+    text, _ = report.render(tmp_path / "results", tmp_path / "RESULTS.md")
+    for heading in ("SB3 like for like", "SB3's default hyperparameters", "The JAX peer (rejax)"):
+        assert any(line.startswith("### ") and heading in line for line in text.splitlines()), heading
+    rows = {row[0]: row for row in _table_rows(text) if row[0] in ("rejax", "fastrl") and len(row) == 8}
+    assert rows["rejax"][1:4] == ["9.0", "80,000", "-"] and rows["fastrl"][4:6] == ["0.04", "0/1"]
+    zoo_rows = [row for row in _table_rows(text) if row[0] == "fastrl" and len(row) == 10]
+    assert zoo_rows and zoo_rows[0][5:9] == ["0.50", "5,000", "-", "2.00"]
+
+
 # ---------------------------------------------------------------------------------------------- envs_sps.py
 def test_envs_sps_tiny(tmp_path):
     out = tmp_path / "envs.json"
