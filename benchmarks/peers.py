@@ -1,6 +1,9 @@
-"""fastrl against Stable-Baselines3: learning curves, time to threshold, steps/s; and the zoo's published scores.
+"""fastrl against Stable-Baselines3 and rejax (JAX): learning curves, time to threshold, steps/s; the zoo's scores.
 
-    python -m benchmarks.peers [--quick] [--part peers|learning|all] [--algos ppo a2c] [--envs ...] [--seeds N]
+    python -m benchmarks.peers [--quick] [--part peers|learning|all|sb3-zoo|sb3-default|rejax|speed]
+                               [--algos ppo a2c] [--envs ...] [--seeds N] [--no-compiled] [--out-dir DIR]
+
+``all`` is peers + learning; ``speed`` is sb3-zoo + sb3-default + rejax (issue 10's comparisons, one command).
 
 ``peers``: for every (env, algo, seed), in the same process and alternating which goes first:
 - ``fastrl``: ``fastrl.train.run(make_config(...))`` on EnvPool envs, with ``stop_at_return`` = the env's threshold.
@@ -24,7 +27,27 @@ the value prediction (``clip_range_vf``) where fastrl takes the max of clipped a
 Wall time: SB3 from ``learn()``'s start; fastrl from ``time/elapsed_s`` in metrics.jsonl when present, else the
 running sum of its ``time/collect_s + time/update_s`` sections (model construction excluded on both sides).
 
-JSON goes to benchmarks/results/<machine-tag>/peers.json (``learning.json`` for the learning part).
+``sb3-zoo``: SB3 like for like at exactly SB3's settings: ``PPO("MlpPolicy", env)`` with the rl-baselines3-zoo's
+CartPole-v1 keys (``ZOO_PPO_CARTPOLE``: 8 envs x 32 steps, minibatch 256, 20 epochs, gamma 0.98, lambda 0.8, lr
+lin_0.001, clip lin_0.2, 1e5 steps; SB3's defaults otherwise: no value clipping, vf_coef 0.5, max_grad_norm 0.5, 64-64
+tanh, Adam eps 1e-5), and fastrl with the same terms (``fastrl_from_sb3``: clip_vloss false, anneal_clip, lr_floor 0,
+vf_coef 1.0 for SB3's 0.5 x MSE). Libs ``sb3``, ``fastrl`` (compile off) and ``fastrl[compiled]`` (compile default,
+its inductor cache warmed by one untimed run), per seed in one process, the order alternating. Stop rule: the mean
+return of the last 100 episodes >= 475, checked after every update on both sides. Medians of env steps and training
+seconds to 475, steps/s (fastrl also after its first iteration, which holds any compiling).
+``sb3-default``: ``PPO("MlpPolicy", env)`` as it comes (``SB3_PPO_DEFAULTS``: 1 env, n_steps 2048, minibatch 64, 10
+epochs, lr 3e-4, clip 0.2, gamma 0.99, lambda 0.95), fastrl at the same terms, eager and compiled: steps/s over a
+fixed budget (``SB3_DEFAULT_BUDGET``), no stop.
+``rejax``: rejax PPO with its own CartPole-v1 config (``REJAX_PPO_CARTPOLE``: 5 envs x 100 steps, 5 epochs, 5
+minibatches, lr 7.5e-4, 1e5 steps), jitted end to end on the CPU (``pin_jax_to_cpu``; one XLA thread with --threads 1):
+compile seconds, training steps/s (evaluation compiled out), and the env steps of its first evaluation (128 sampled
+episodes every 1,000 steps) >= 475, whose training seconds are those steps / its steps/s. fastrl at the same config
+(``fastrl_from_rejax`` states the mapping term by term and the three terms that differ) with ``RejaxEval``, a callback
+that evaluates the same way and stops at the first mean >= 475; its evaluation seconds are left out of its training
+seconds. Torch runs on ``--threads`` threads (1) on every side, recorded in the JSON.
+
+JSON goes to benchmarks/results/<machine-tag>/peers.json (``learning.json`` for the learning part;
+``peers_sb3_zoo.json``, ``peers_sb3_default.json``, ``peers_rejax.json`` for the others, or ``--out-dir``).
 """
 from __future__ import annotations
 
