@@ -76,6 +76,11 @@ class Config:
     # --- environment ---
     env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium", ("auto", "envpool", "gymnasium"))
     env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
+    env_mode: str = _f("sync", "ppo/a2c env stepping: sync (all envs step, then the policy acts on all); async (EnvPool "
+                               "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
+                               "even n_envs); auto (async for image observations, where it measured faster; see "
+                               "fastrl/async_env.py)",
+                       ("sync", "async", "auto"))
     normalize_obs: bool = _f(False, "running mean/std observation normalization")
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     obs_clip: float = _f(10.0, "clip normalized observations to [-obs_clip, obs_clip]")
@@ -206,6 +211,9 @@ class Config:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 < self.rollback_lr_factor <= 1.0:
             raise UserError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
+        if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
+            raise UserError("env_mode=async does not support normalize_obs/normalize_reward yet (their statistics would "
+                            "depend on the order env groups arrive in): use --env-mode sync, or drop the normalization")
         if self.lr_floor > self.lr:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
         if self.algo in ACTOR_LEARNER_ALGOS:
@@ -232,6 +240,9 @@ class Config:
         if self.max_policy_lag and self.sync_interval >= self.max_policy_lag:
             raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
                             "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")
+        if self.env_mode == "async":
+            raise UserError(f"env_mode=async does not apply to {self.algo} yet (its actors step their envs "
+                            "synchronously): use --env-mode sync or auto, or --algo ppo")
         if self.normalize_obs or self.normalize_reward:
             raise UserError(f"{self.algo} does not support normalize_obs/normalize_reward yet (each actor would keep "
                             "its own statistics); set both to false")

@@ -72,18 +72,20 @@ class EpisodeStats:
         self.count = 0  # finished episodes so far
         self.window_start = 0  # recent() only looks at episodes from here on
 
-    def update(self, reward, done, valid) -> None:
-        """``reward``, ``done``, ``valid``: ``[N]`` CPU tensors or numpy arrays.
+    def update(self, reward, done, valid, env_ids=None) -> None:
+        """``reward``, ``done``, ``valid``: ``[N]`` CPU tensors or numpy arrays; or ``[k]`` for the envs ``env_ids``
+        (distinct ints ``[k]``, as an async env's recv returns them).
 
         Per-step bookkeeping runs in numpy on views of the tensors: a numpy op on 8-64 elements costs
         about a microsecond, a torch op several.
         """
         reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
         running_return, running_length = self.running_return.numpy(), self.running_length.numpy()
-        running_return += reward * valid
-        running_length += valid
+        ids = slice(None) if env_ids is None else np.asarray(env_ids)
+        running_return[ids] += reward * valid  # env_ids are distinct, so the indexed += adds once per env
+        running_length[ids] += valid
         if done.any():
-            finished = np.flatnonzero(done)
+            finished = np.flatnonzero(done) if env_ids is None else ids[done]
             slots = np.arange(self.count, self.count + finished.size) % self.window
             self.returns.numpy()[slots] = running_return[finished]
             self.lengths.numpy()[slots] = running_length[finished]

@@ -45,6 +45,7 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     check_env_for_actors(cfg)
     observation_shape, observation_dtype, _action_spec = probe_env(cfg)
     check_model(cfg, observation_shape, observation_dtype)
+    check_env_mode(cfg, world_size)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -137,6 +138,17 @@ def check_env_for_actors(cfg: Config) -> None:
     if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
         raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, defined inside a function or as "
                         "a lambda: define its class or factory at the top level of a module, or use --algo ppo")
+
+
+def check_env_mode(cfg: Config, world_size: int = 1) -> None:
+    """env_mode=async needs an EnvPool env and, on each rank, n_envs that split into equal env groups."""
+    if cfg.env_mode != "async" or cfg.algo in ACTOR_LEARNER_ALGOS:
+        return
+    from fastrl.async_env import async_unsupported
+    n_envs = cfg.n_envs if cfg.per_rank else cfg.n_envs // max(world_size, 1)
+    why = async_unsupported(cfg.env, cfg.env_backend, n_envs)
+    if why:
+        raise UserError(f"env_mode=async: {why}; or use --env-mode sync (or auto)")
 
 
 def probe_env(cfg: Config) -> tuple[tuple, torch.dtype, ActionSpec]:

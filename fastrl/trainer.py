@@ -20,6 +20,8 @@ import torch
 
 from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
+from fastrl.async_collect import AsyncCollector
+from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.amp import annealed_lr, autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
@@ -82,7 +84,9 @@ class Trainer:
         np.random.seed((cfg.seed + rank) % 2**32)
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
         self.n_envs = rank_n_envs(cfg, self.dist.world_size)
-        self.env = make_env(cfg, n_envs=self.n_envs, seed=env_seed(cfg.seed, rank, self.n_envs))
+        self.env_mode = resolve_env_mode(cfg, self.n_envs)  # sync or async (fastrl/async_collect.py)
+        self.env = (make_async_env if self.env_mode == "async" else make_env)(
+            cfg, n_envs=self.n_envs, seed=env_seed(cfg.seed, rank, self.n_envs))
         set_torch_threads(cfg, self.device)
         self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec, self.env.obs_scale,
                                 channels_last=self.device.type == "cuda").to(self.device)
@@ -110,6 +114,7 @@ class Trainer:
         nxt = buf["next"]
         self._reward, self._done = nxt["reward"], nxt["done"]
         self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
+        self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
 
     def _build_step_functions(self) -> None:
         """The rollout forward and the loss, under ``cfg.amp`` autocast and (maybe) ``torch.compile``.
@@ -173,6 +178,8 @@ class Trainer:
         return True
 
     def _collect(self) -> None:
+        if self.async_collector is not None:
+            return self.async_collector.collect()
         policy_step, env, device = self.policy_step, self.env, self.device
         obs = self.next_obs
         for t in range(self.cfg.n_steps):
@@ -274,7 +281,7 @@ class Trainer:
         return self.env.state_dict()
 
     def summary_extras(self) -> dict:
-        return {"n_envs_per_rank": self.n_envs}
+        return {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode}
 
     def close(self) -> None:
         self.env.close()
