@@ -71,13 +71,15 @@ def mark_compiled(cache_key: str) -> None:
         pass
 
 
-def compile_plan(mode: str, device: torch.device, gradient_steps: int, cache_key: str = "") -> tuple[str, str]:
+def compile_plan(mode: str, device: torch.device, gradient_steps: int, cache_key: str = "",
+                 min_gradient_steps: dict | None = None) -> tuple[str, str]:
     """``(rollout mode, update mode)`` for ``cfg.compile``.
 
     ``auto``: on CUDA both compiled; on CPU the rollout forward stays eager (compiling it measured no faster at
     small n_envs) and the update step is compiled when the run has enough gradient steps for the whole run, compile
     included, to finish sooner: ``CPU_COMPILE_MIN_GRADIENT_STEPS["warm"]`` when this graph (``cache_key``) compiled
-    before and its artifacts are in the on-disk cache, else the cold figure. Any other mode applies to both.
+    before and its artifacts are in the on-disk cache, else the cold figure (``min_gradient_steps`` replaces the
+    thresholds, e.g. for a population's vmapped step). Any other mode applies to both.
     """
     if mode != "auto":
         plan = (mode, mode)
@@ -85,11 +87,23 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, cache_key
         plan = ("default", "default")
     else:
         warm = bool(cache_key) and _warm_marker(cache_key).exists()
-        needed = CPU_COMPILE_MIN_GRADIENT_STEPS["warm" if warm else "cold"]
+        needed = (min_gradient_steps or CPU_COMPILE_MIN_GRADIENT_STEPS)["warm" if warm else "cold"]
         plan = ("off", "default" if gradient_steps >= needed else "off")
     if plan != ("off", "off"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
     return plan
+
+
+def _prime_tensordict_memo() -> None:
+    """TensorDict memoizes "is this type a tensorclass?" per type, outside compiled code only, and a compiled graph
+    that flattens containers (vmap, functional_call) guards on the memo's size: the first eager iteration then adds
+    tuple, list, dict, Tensor and forces one recompile. Asking for those types up front makes the first graph last."""
+    try:
+        from tensordict.utils import _is_tensorclass
+    except ImportError:  # another tensordict layout: at worst one recompile
+        return
+    for kind in (tuple, list, dict, torch.Tensor, int, float, bool, type(None), str, slice):
+        _is_tensorclass(kind)
 
 
 class CompiledOrEager:
@@ -103,6 +117,8 @@ class CompiledOrEager:
         self.compiled = mode != "off"
         options = {"fullgraph": True} if fullgraph else {}
         self.fn = torch.compile(fn, mode=mode, **options) if self.compiled else fn
+        if self.compiled:
+            _prime_tensordict_memo()
         self._checked = not self.compiled
 
     def __call__(self, *args, **kwargs):

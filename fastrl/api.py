@@ -81,12 +81,13 @@ class Run:
         return self._agent
 
 
-def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu") -> Agent:
+def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
     ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
-    defined inside a function of another process); ``device`` is where the policy runs."""
+    defined inside a function of another process); ``device`` is where the policy runs. ``member``: which agent of a
+    population run (``--n-seeds``/``--vary``)."""
     from fastrl.callbacks import best_checkpoint_path
-    from fastrl.checkpoint import load_checkpoint, resolve_checkpoint
+    from fastrl.checkpoint import load_checkpoint, resolve_checkpoint, select_member
     from fastrl.distributed import resolve_device
 
     target = Path(path)
@@ -97,6 +98,7 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
             raise UserError(f"no best checkpoint at {str(target)!r}; it is written by fastrl.callbacks.EvalCallback "
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
+    state = select_member(state, member, f"checkpoint {target}")
     cfg = make_config(state["config"], where=f"checkpoint {target}")
     if env is not None:
         cfg = dataclasses.replace(cfg, env=env_name(env))

@@ -89,9 +89,25 @@ def load_checkpoint(target: str | Path) -> dict:
         raise corrupted from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
         raise corrupted from None
-    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+    if not isinstance(state, dict) or ("model" not in state and "members" not in state) or "config" not in state:
         raise UserError(f"{path} is not a fastrl checkpoint (no model/config entries)")
     return state
+
+
+def select_member(state: dict, member: int | None, where) -> dict:
+    """One agent's checkpoint state: ``state`` itself for a single run, ``state["members"][member]`` for a population
+    (``--n-seeds``/``--vary``), whose checkpoint holds every member in the single-run format."""
+    if "members" not in state:
+        if member not in (None, 0):
+            raise UserError(f"{where} holds one agent, not a population: drop the member number")
+        return state
+    count = len(state["members"])
+    if member is None:
+        raise UserError(f"{where} holds a population of {count} members: pick one with member=M "
+                        f"(fastrl eval --member M), M in 0..{count - 1}")
+    if not 0 <= member < count:
+        raise UserError(f"member {member} is not in {where}: it holds members 0..{count - 1}")
+    return state["members"][member]
 
 
 def rng_state(generator: torch.Generator) -> dict:

@@ -29,12 +29,13 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="number of eval seeds (default 3)")
     parser.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
     try:
         args = parser.parse_args(argv)
         if args.episodes <= 0 or args.seeds <= 0:
             raise UserError("--episodes and --seeds must be positive")
         from fastrl.evaluate import evaluate_checkpoint
-        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device)
+        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member)
     except UserError as e:
         print(f"fastrl eval: error: {e}", file=sys.stderr)
         return 2

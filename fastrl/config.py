@@ -65,6 +65,11 @@ class Config:
     n_envs: int = _f(8, "parallel environments, all ranks together (split evenly across torchrun ranks unless per_rank)")
     total_steps: int = _f(120_000, "environment steps to train for (all ranks together)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
+    n_seeds: int = _f(1, "train this many agents in one process (a population), seeds seed, seed+1, ...; with vary, "
+                         "this many seeds per combination (ppo and a2c)")
+    vary: dict = _f({}, "population members with different values: KEY=v1,v2 (repeatable; the grid of all combinations, "
+                        "times n_seeds) for lr, clip_coef, ent_coef, vf_coef, gamma, gae_lambda, max_grad_norm. "
+                        "Member m has seed seed+m")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
     run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>); one that already holds a run is "
                           "refused unless resume or overwrite is given. Never read from a YAML file")
@@ -218,7 +223,28 @@ class Config:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
         if self.algo in ACTOR_LEARNER_ALGOS:
             self._validate_actor_learner()
+        if self.n_seeds < 1:
+            raise UserError(f"n_seeds must be >= 1, got {self.n_seeds}")
+        if self.population_size > 1:
+            self._validate_population()
         return self
+
+    @property
+    def population_size(self) -> int:
+        """Members of the run: n_seeds times every combination of vary (1 = a single run)."""
+        return self.n_seeds * math.prod(len(values) for values in self.vary.values())
+
+    def _validate_population(self) -> None:
+        refused = [(self.algo in ACTOR_LEARNER_ALGOS, f"algo {self.algo}", "use --algo ppo or a2c"),
+                   (self.target_kl > 0, "target_kl (each member would stop its epochs at a different time)",
+                    "set --target-kl 0"),
+                   (self.normalize_obs or self.normalize_reward, "normalize_obs/normalize_reward (statistics per "
+                    "member are not implemented)", "set both to false"),
+                   (self.amp == "fp16", "amp fp16 (its loss scaler is per run)", "use --amp bf16 or off"),
+                   (self.capture_video, "capture_video", "record a member's video with fastrl eval afterwards")]
+        for bad, what, fix in refused:
+            if bad:
+                raise UserError(f"--n-seeds/--vary (a population) do not support {what}: {fix}")
 
     def _validate_actor_learner(self) -> None:
         for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"):
@@ -290,6 +316,8 @@ def _coerce(name: str, value):
     elif kind is str:
         if isinstance(value, str):
             return value
+    elif kind is dict:
+        return _coerce_vary(value)
     elif kind is list:
         if isinstance(value, str):
             try:
@@ -299,6 +327,44 @@ def _coerce(name: str, value):
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return list(value)
     raise UserError(f"{name}: expected {kind.__name__}, got {value!r}")
+
+
+# What --vary may set (each keeps every tensor's shape, so members share one compiled program), and keys named to
+# explain why not.
+VARY_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
+SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "encoder", "activation", "shared_trunk", "env",
+              "algo", "n_epochs", "optimizer")
+
+
+def _coerce_vary(value) -> dict:
+    """``vary`` from a mapping ``{key: [v1, v2]}``, a string ``"key=v1,v2"`` or a list of such strings (the repeated
+    flag; ``;`` also separates keys) to ``{key: [float, ...]}``, or raise UserError."""
+    if isinstance(value, str):
+        value = [part for part in value.split(";") if part.strip()]
+    if isinstance(value, list):
+        pairs = {}
+        for item in value:
+            if not isinstance(item, str) or "=" not in item:
+                raise UserError(f"vary: expected KEY=v1,v2,..., got {item!r}")
+            key, _, values = item.partition("=")
+            pairs[key.strip().replace("-", "_")] = [v for v in values.replace(" ", ",").split(",") if v]
+        value = pairs
+    if not isinstance(value, dict):
+        raise UserError(f"vary: expected KEY=v1,v2,... or a mapping of key: [values], got {value!r}")
+    out = {}
+    for key, values in value.items():
+        key = str(key).replace("-", "_")
+        if key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps"):
+            raise UserError(f"vary: {key} cannot vary within one population (it changes shapes or the run itself); "
+                            f"run separate populations for each {key}, or vary one of {', '.join(VARY_KEYS)}")
+        if key not in VARY_KEYS:
+            hint = f"unknown config key {key!r}" if key not in FIELDS else f"{key} cannot vary"
+            raise UserError(f"vary: {hint}; the keys that can vary are {', '.join(VARY_KEYS)}")
+        values = values if isinstance(values, list) else [values]
+        if not values:
+            raise UserError(f"vary: {key} needs at least one value (KEY=v1,v2)")
+        out[key] = [_coerce(key, v) for v in values]
+    return out
 
 
 def _unknown_key(name: str, where: str) -> UserError:
@@ -449,7 +515,9 @@ def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
         if f.metadata.get("choices"):
             help_text += f" [choices: {', '.join(f.metadata['choices'])}]"
         flag = "--" + f.name.replace("_", "-")
-        if kind is bool:
+        if kind is dict:
+            group.add_argument(flag, dest=f.name, default=None, action="append", metavar="KEY=V1,V2", help=help_text)
+        elif kind is bool:
             group.add_argument(flag, dest=f.name, default=None, nargs="?", const="true", metavar="BOOL", help=help_text)
             group.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const", const="false",
                                help=argparse.SUPPRESS)

@@ -82,6 +82,11 @@ def evaluate_trainer(trainer, normalizer_state=None) -> dict:
     """Deterministic evaluation on separate envs: ``eval_seeds`` x ``eval_episodes`` episodes."""
     cfg = trainer.cfg
     state = trainer.normalizer_state() if normalizer_state is None else normalizer_state
+    if hasattr(trainer, "evaluate_members"):  # a population: each member on its own seeds; the figures are means
+        per_member = trainer.evaluate_members(state)
+        return {"eval/return_mean": sum(m for m, _ in per_member) / len(per_member),
+                "eval/return_std": sum(s for _, s in per_member) / len(per_member),
+                "eval/return_min": min(m for m, _ in per_member)}
     returns = evaluate(trainer.agent, cfg, state, cfg.eval_episodes, cfg.eval_seeds, trainer.device)
     return {"eval/return_mean": returns.mean().item(), "eval/return_std": returns.std(unbiased=False).item()}
 
@@ -137,8 +142,9 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     judged, window_full = record["eval/return_mean"], True
                 else:
                     judged, window_full = recent.get("episode_return_mean"), recent.get("episode_window_full", False)
-                reason = guard.observe(judged, window_full, record.get("losses/nonfinite_updates", 0.0),
-                                       trainer.weights_state, trainer.global_step)
+                reason = None if getattr(trainer, "member_guards", False) else guard.observe(
+                    judged, window_full, record.get("losses/nonfinite_updates", 0.0), trainer.weights_state,
+                    trainer.global_step)
                 if reason is not None:
                     trainer.roll_back(guard.best_state, cfg.rollback_lr_factor)
                     record.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
@@ -146,9 +152,14 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     print(f"fastrl: rollback {guard.rollbacks}/{cfg.max_rollbacks} ({reason}) to the weights of step "
                           f"{guard.best_step}; lr scale now {trainer.lr_scale:g}", file=sys.stderr)
                 logger.log(record, trainer.global_step)
+                if hasattr(trainer, "member_rows"):  # a population: one row per member, each with "member"
+                    for row in trainer.member_rows(now - start_time):
+                        logger.log(row, trainer.global_step)
                 logger.progress(trainer.global_step, {"sps": int(sps),
                                                       "return": recent.get("episode_return_mean", float("nan"))})
-                if cfg.stop_at_return and recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return:
+                # A population stops once every member is there (episode_return_min), a single run at its mean.
+                reached = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
+                if cfg.stop_at_return and reached >= cfg.stop_at_return:
                     threshold = (trainer.global_step, time.perf_counter() - start_time)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
@@ -183,9 +194,13 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
                 logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
+                for m, (mean, std) in enumerate(getattr(trainer, "member_eval", ())):
+                    logger.log({"member": m, "eval/return_mean": mean, "eval/return_std": std}, trainer.global_step)
             if cfg.capture_video and stop["stop"] is None:
                 record_videos(trainer.agent, cfg, normalizer, run_dir / "videos", trainer.device)
             summary["run_dir"] = str(run_dir)
+        if hasattr(trainer, "population_summary"):
+            summary.update(trainer.population_summary())
         hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
         if dist_info.is_main:
             summary["world_size"] = dist_info.world_size

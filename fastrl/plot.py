@@ -61,6 +61,25 @@ def curves(rows: list[dict]) -> dict:
     return {"train": train, "eval": evals, "timed": timed}
 
 
+def member_bands(rows: list[dict]) -> dict:
+    """A population's member rows (``member`` set) as ``{variant: [(member_step, wall_s, mean, low, high)]}``: per
+    variant ("" for plain seeds), the mean return over its members at each logged step, and the min and max (the
+    band). Steps are env steps per member. Empty for a single run."""
+    by_step: dict = {}
+    for row in rows:
+        value = row.get("charts/episodic_return")
+        if "member" not in row or not isinstance(value, (int, float)):
+            continue
+        key = (row.get("variant", ""), row.get("member_step", row["global_step"]))
+        entry = by_step.setdefault(key, {"wall": row.get("time/elapsed_s"), "values": []})
+        entry["values"].append(float(value))
+    bands: dict = {}
+    for (variant, step), entry in sorted(by_step.items(), key=lambda item: (item[0][0], item[0][1])):
+        values = entry["values"]
+        bands.setdefault(variant, []).append((step, entry["wall"], sum(values) / len(values), min(values), max(values)))
+    return bands
+
+
 def _run_names(run_dirs: list[Path]) -> list[str]:
     names = [p.name for p in run_dirs]
     if len(set(names)) < len(names):  # e.g. a/run and b/run: show the paths
@@ -85,13 +104,29 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
     from matplotlib.lines import Line2D
 
     run_dirs = [Path(p) for p in run_dirs]
-    data = [curves(read_rows(p)) for p in run_dirs]
+    rows = [read_rows(p) for p in run_dirs]
+    data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
+    bands = [member_bands(run_rows) for run_rows in rows]
     names = names or _run_names(run_dirs)
     fig = Figure(figsize=(12, 4.5), layout="constrained")
     FigureCanvasAgg(fig)
     by_steps, by_wall = fig.subplots(1, 2, sharey=True)
     colors = [f"C{i % 10}" for i in range(len(run_dirs))]
-    for curve, name, color in zip(data, names, colors):
+    color_index = len(run_dirs)
+    for curve, name, color, run_bands in zip(data, names, colors, bands):
+        if run_bands:  # a population: per variant, the members' mean with a min-max band; x = steps per member
+            for variant, band in run_bands.items():
+                band_color = color if len(run_bands) == 1 else f"C{color_index % 10}"
+                color_index += len(run_bands) > 1
+                label = f"{name} {variant}".strip() + " (member mean, band: min-max)"
+                by_steps.plot([b[0] for b in band], [b[2] for b in band], color=band_color, lw=1.5, label=label)
+                by_steps.fill_between([b[0] for b in band], [b[3] for b in band], [b[4] for b in band],
+                                      color=band_color, alpha=0.2, lw=0)
+                if curve["timed"] and all(b[1] is not None for b in band):
+                    by_wall.plot([b[1] for b in band], [b[2] for b in band], color=band_color, lw=1.5)
+                    by_wall.fill_between([b[1] for b in band], [b[3] for b in band], [b[4] for b in band],
+                                         color=band_color, alpha=0.2, lw=0)
+            continue
         for ax, x in ((by_steps, 0), (by_wall, 1)):
             if x == 1 and not curve["timed"]:
                 continue  # a run logged before time/elapsed_s: steps only
@@ -99,7 +134,7 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
             if curve["eval"]:
                 ax.errorbar([p[x] for p in curve["eval"]], [p[2] for p in curve["eval"]],
                             yerr=[p[3] for p in curve["eval"]], fmt="o", color=color, ms=5, capsize=3, lw=1)
-    by_steps.set_xlabel("env steps")
+    by_steps.set_xlabel("env steps (per member, for a population)" if any(bands) else "env steps")
     by_wall.set_xlabel("wall time (s)")
     by_steps.set_ylabel("mean episode return (last 100 episodes)")
     for ax in (by_steps, by_wall):

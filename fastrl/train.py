@@ -56,6 +56,9 @@ def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
     if cfg.algo in ACTOR_LEARNER_ALGOS:
         from fastrl.actor_learner import ActorLearnerTrainer
         return ActorLearnerTrainer(cfg, device)
+    if cfg.population_size > 1:
+        from fastrl.population import PopulationTrainer
+        return PopulationTrainer(cfg, dist_info, device)
     from fastrl.trainer import Trainer
     return Trainer(cfg, dist_info, device)
 

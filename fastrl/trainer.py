@@ -33,8 +33,11 @@ from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
 
 
 def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
-    """Base seed of this rank's envs (env i gets base + i): distinct across ranks and runs."""
-    return (run_seed * 100_003 + rank * n_envs) % (2**31 - 1)
+    """Base seed of this rank's envs (env i gets base + i): distinct across ranks and runs.
+
+    Contiguous in the run seed (run seed s + 1 starts where s's ``n_envs`` envs end), so one batched env of K * n_envs
+    envs seeded ``env_seed(s, 0, n_envs)`` holds the envs of runs s, ..., s + K - 1 (``fastrl.population``)."""
+    return ((run_seed + rank * 10_007) * n_envs) % (2**31 - 1)
 
 
 def rank_n_envs(cfg: Config, world_size: int) -> int:

@@ -1,0 +1,238 @@
+"""Population training (--n-seeds / --vary): every member is its single run, per-member bookkeeping, one-line refusals.
+
+Exact checks (members against single runs, resume, guards, the summary schema) come first; the learning check is
+marked and judged on the median of the members.
+"""
+import json
+import statistics
+
+import numpy as np
+import pytest
+import torch
+from conftest import QUIET, one_line_error, train_main
+
+from fastrl.config import make_config, parse_cli
+from fastrl.envs import EpisodeStats
+from fastrl.population import (MemberEpisodeStats, PopulationTrainer, aggregate, interquartile_mean,
+                               member_configs)
+from fastrl.trainer import Trainer
+
+SMALL = {"total_steps": 2560, "progress": False, "n_minibatches": 2, "n_epochs": 2, "n_envs": 4, "n_steps": 16}
+
+
+def _single_after_one_iteration(member_cfg, compile_mode="off"):
+    single = Trainer(make_config({**SMALL, "compile": compile_mode, "seed": member_cfg.seed,
+                                  "algo": member_cfg.algo, "lr": member_cfg.lr, "gamma": member_cfg.gamma,
+                                  "ent_coef": member_cfg.ent_coef, "clip_coef": member_cfg.clip_coef}
+                                 if member_cfg.algo == "ppo" else
+                                 {**SMALL, "compile": compile_mode, "seed": member_cfg.seed, "algo": "a2c",
+                                  "n_minibatches": 1, "n_epochs": 1, "lr": member_cfg.lr, "gamma": member_cfg.gamma}))
+    single.collect()
+    single.update()
+    single.close()
+    return single
+
+
+def _assert_members_equal_single_runs(pop, compile_mode="off", atol=1e-6):
+    n = pop.n_envs
+    for m, member in enumerate(pop.members):
+        single = _single_after_one_iteration(member, compile_mode)
+        envs = slice(m * n, (m + 1) * n)
+        # The rollout: the same envs, the same sampled actions, bit for bit.
+        assert torch.equal(single.buffer["observation"], pop.buffer["observation"][:, envs])
+        assert torch.equal(single.buffer["action"], pop.buffer["action"][:, envs])
+        assert torch.equal(single.buffer["next", "reward"], pop.buffer["next", "reward"][:, envs])
+        # The update: the same parameters within float tolerance (vmap batches the matmuls differently).
+        for p, stacked in zip(single.agent.parameters(), pop.params):
+            torch.testing.assert_close(stacked[m], p.detach(), atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "a2c"])
+def test_every_member_equals_its_single_run_after_one_iteration(algo):
+    overrides = {**SMALL, "compile": "off", "seed": 3, "algo": algo, "vary": {"lr": [1e-3, 3e-4], "gamma": [0.9, 0.99]}}
+    if algo == "a2c":
+        overrides.update(n_minibatches=1, n_epochs=1)
+    pop = PopulationTrainer(make_config(overrides))
+    assert pop.n_members == 4 and [m.seed for m in pop.members] == [3, 4, 5, 6]
+    pop.collect()
+    pop.update()
+    pop.close()
+    _assert_members_equal_single_runs(pop)
+
+
+def test_compiled_population_equals_eager_single_runs():
+    """The vmapped, compiled step (one graph) against each member's eager single run."""
+    pop = PopulationTrainer(make_config({**SMALL, "compile": "default", "seed": 5, "n_seeds": 2,
+                                         "vary": {"ent_coef": [0.0, 0.01]}}))
+    assert pop.step_fn.compiled
+    pop.collect()
+    pop.update()
+    pop.close()
+    assert pop.step_fn.compiled, "the population step fell back to eager"
+    _assert_members_equal_single_runs(pop, atol=1e-5)
+
+
+def test_member_configs_grid_order_and_seeds():
+    cfg = make_config({"seed": 10, "n_seeds": 2, "vary": "lr=1e-3,3e-4;clip_coef=0.1,0.2"})
+    members = member_configs(cfg)
+    assert cfg.population_size == len(members) == 8
+    assert [m.seed for m in members] == list(range(10, 18))
+    assert [(m.lr, m.clip_coef) for m in members[::2]] == [(1e-3, 0.1), (1e-3, 0.2), (3e-4, 0.1), (3e-4, 0.2)]
+    assert all(m.n_seeds == 1 and m.vary == {} for m in members)
+    assert parse_cli(["--vary", "lr=1e-3,3e-4", "--vary", "gamma=0.9"]).vary == {"lr": [1e-3, 3e-4], "gamma": [0.9]}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    ({"vary": "n_envs=4,8"}, "changes shapes"),
+    ({"vary": "hidden_sizes=32,64"}, "changes shapes"),
+    ({"vary": "lr"}, "KEY=v1,v2"),
+    ({"vary": "nope=1,2"}, "unknown config key"),
+    ({"vary": "lr=abc"}, "lr: expected float"),
+    ({"n_seeds": 2, "algo": "impala"}, "algo impala"),
+    ({"n_seeds": 2, "target_kl": 0.02}, "target_kl"),
+    ({"n_seeds": 2, "normalize_obs": True}, "normalize_obs"),
+    ({"n_seeds": 0}, "n_seeds must be >= 1"),
+    ({"vary": "lr=1e-3,1e-9", "lr_floor": 1e-5}, "member 1"),
+])
+def test_bad_population_settings_are_one_line(overrides, expected):
+    def build():
+        cfg = make_config(overrides)
+        member_configs(cfg)
+    assert expected in one_line_error(build)
+
+
+def test_cli_refuses_a_shape_key_with_one_line(capsys):
+    assert train_main(["--vary", "n_steps=16,32", *QUIET]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "n_steps cannot vary" in err and "Traceback" not in err
+
+
+def test_member_episode_stats_equal_each_members_own():
+    rng = np.random.default_rng(0)
+    k, n = 3, 4
+    grouped = MemberEpisodeStats(k, n, window=5)
+    own = [EpisodeStats(n, window=5) for _ in range(k)]
+    for _ in range(200):
+        reward = rng.normal(size=k * n).astype(np.float32)
+        done = rng.random(k * n) < 0.2
+        valid = rng.random(k * n) < 0.9
+        grouped.update(reward, done, valid)
+        for m in range(k):
+            part = slice(m * n, (m + 1) * n)
+            own[m].update(reward[part], done[part], valid[part])
+    for m in range(k):
+        assert grouped.members[m].count == own[m].count
+        for a, b in zip(grouped.members[m].recent(), own[m].recent()):
+            assert torch.equal(a, b)
+
+
+def test_a_nonfinite_member_is_skipped_alone():
+    pop = PopulationTrainer(make_config({**SMALL, "compile": "off", "n_seeds": 2}))
+    pop.collect()
+    before = [p.clone() for p in pop.params]
+    pop.buffer["sample_log_prob"][:, pop.n_envs:] = float("nan")  # member 1's losses are NaN
+    metrics = pop.update()
+    pop.close()
+    assert metrics["losses/nonfinite_updates"].item() == SMALL["n_epochs"] * SMALL["n_minibatches"]
+    per_member = pop._member_metrics["losses/nonfinite_updates"]
+    assert per_member.tolist() == [0.0, SMALL["n_epochs"] * SMALL["n_minibatches"]]
+    for p, old in zip(pop.params, before):
+        assert torch.equal(p[1], old[1]), "the poisoned member keeps its weights"
+        assert torch.isfinite(p).all()
+    assert any(not torch.equal(p[0], old[0]) for p, old in zip(pop.params, before)), "the other member trains on"
+    assert torch.equal(pop.state[-1][0], torch.tensor([4.0, 0.0])), "only member 0 counted Adam steps"
+
+
+def test_resume_restores_every_member_exactly():
+    cfg = make_config({**SMALL, "compile": "off", "n_seeds": 2, "vary": {"clip_coef": [0.1, 0.3]}})
+    first = PopulationTrainer(cfg)
+    for _ in range(2):
+        first.collect()
+        first.update()
+    state = first.state_dict()
+    assert len(state["members"]) == 4 and {"model", "optimizer", "config", "rng"} <= set(state["members"][2])
+    resumed = PopulationTrainer(cfg)
+    resumed.load_state_dict(state)
+    resumed.buffer.update_(first.buffer)  # the rollout and the env are not checkpointed (as in a single run)
+    for a, b in zip(first.params, resumed.params):
+        assert torch.equal(a, b)
+    for trainer in (first, resumed):
+        trainer.update()  # the same rollout, the same generators: the same step
+    for a, b in zip(first.params, resumed.params):
+        assert torch.equal(a, b)
+    for x, y in zip(first.state, resumed.state):
+        for a, b in zip(x, y):
+            assert torch.equal(a, b)
+    first.close()
+    resumed.close()
+    wrong = PopulationTrainer(make_config({**SMALL, "compile": "off", "n_seeds": 3}))
+    assert "resume with the checkpoint's own" in one_line_error(wrong.load_state_dict, state)
+    wrong.close()
+
+
+def test_population_run_writes_members_aggregates_rows_and_loads_each_member(tmp_path, capsys):
+    import fastrl
+    run_dir = tmp_path / "pop"
+    args = ["--n-seeds", "2", "--vary", "lr=1e-3,5e-4", "--total-steps", "1024", "--n-envs", "4", "--n-steps", "16",
+            "--n-epochs", "2", "--compile", "off", "--eval-episodes", "2", "--eval-seeds", "1",
+            "--run-dir", str(run_dir), *QUIET]
+    assert train_main(args) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["n_members"] == 4 and len(summary["members"]) == 4
+    assert [m["seed"] for m in summary["members"]] == [1, 2, 3, 4]
+    assert summary["members"][2]["hyperparameters"] == {"lr": 5e-4}
+    for member in summary["members"]:
+        assert set(member) >= {"seed", "hyperparameters", "episode_return_mean", "eval_return_mean",
+                               "steps_to_return", "time_to_return_s"}
+    for key in ("members_eval_return_mean", "members_episode_return_mean"):
+        agg = summary[key]
+        assert set(agg) == {"n", "mean", "std", "iqm", "iqm_ci95"}
+        assert agg["iqm_ci95"][0] <= agg["iqm"] <= agg["iqm_ci95"][1]
+    assert summary["eval_return_mean"] == pytest.approx(statistics.fmean(m["eval_return_mean"] for m in summary["members"]))
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    member_rows = [r for r in rows if "member" in r and "charts/episodic_return" in r]
+    assert {r["member"] for r in member_rows} == {0, 1, 2, 3}
+    assert {r["variant"] for r in member_rows} == {"lr=0.001", "lr=0.0005"}
+    # Each member loads as an agent of its own, with its own config.
+    agent = fastrl.load(run_dir, member=2)
+    assert agent.config.lr == 5e-4 and agent.config.seed == 3
+    assert "holds a population of 4 members" in one_line_error(fastrl.load, run_dir)
+    # Resuming continues every member from the checkpoint.
+    assert train_main(["--resume", str(run_dir), "--total-steps", "2048", *QUIET]) == 0
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["resumed_from_step"] == summary["total_steps"] and resumed["n_members"] == 4
+
+
+def test_plot_draws_a_band_per_variant(tmp_path):
+    pytest.importorskip("matplotlib")
+    from fastrl.plot import member_bands, plot_runs, read_rows
+    run_dir = tmp_path / "pop"
+    assert train_main(["--n-seeds", "2", "--total-steps", "512", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1",
+                       "--compile", "off", "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
+    bands = member_bands(read_rows(run_dir))
+    assert list(bands) == [""]
+    for step, _wall, mean, low, high in bands[""]:
+        assert low <= mean <= high
+    assert [b[0] for b in bands[""]] == sorted(b[0] for b in bands[""])
+    assert plot_runs([run_dir], tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_interquartile_mean_and_bootstrap_interval():
+    assert interquartile_mean(range(1, 9)) == pytest.approx(4.5)  # the middle four of 1..8
+    assert interquartile_mean([1, 2, 3, 4, 5]) == pytest.approx(3.0)  # 1.25 elements trimmed each side
+    assert interquartile_mean([7.0]) == 7.0
+    agg = aggregate([1, 2, 3, 4, 100], seed=0)
+    assert agg["mean"] == pytest.approx(22.0) and agg["iqm"] < 10
+    assert agg["iqm_ci95"][0] <= agg["iqm"] <= agg["iqm_ci95"][1]
+    assert aggregate([1, 2, 3], seed=1) == aggregate([1, 2, 3], seed=1), "seeded: the same interval every time"
+
+
+@pytest.mark.learning
+def test_population_learns_cartpole_median_of_members(tmp_path):
+    """Three seeds in one process; judged on the median member (random play scores about 22)."""
+    run_dir = tmp_path / "learn"
+    assert train_main(["--n-seeds", "3", "--total-steps", "30000", "--n-epochs", "10", "--compile", "off",
+                       "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    returns = [m["episode_return_mean"] for m in summary["members"]]
+    assert statistics.median(returns) >= 150, returns
