@@ -1,13 +1,21 @@
 """One ``log(metrics, step)`` over console progress, JSONL, TensorBoard and wandb (offline by default).
 
 Only the main process builds a real logger; other ranks get ``NullLogger``.
+
+TensorBoard and wandb start in background threads (importing TensorBoard's writer costs about a second, ``wandb.init``
+several): ``log`` only queues a row for them and returns, so neither delays the first iteration. Each sink's thread
+writes its rows in the order they were logged, those logged before it was ready included; ``close`` waits for
+both to start, write everything and close. A sink that fails to start is one warning line, and the run goes on
+with the others. Neither package is imported unless its sink is on.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,6 +39,101 @@ def _wait_for_a_later_event_file_name(tb_dir: Path) -> None:
         time.sleep(0.02)
 
 
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]}"
+
+
+class BackgroundSink:
+    """A metrics sink started and written by its own thread.
+
+    ``open()`` builds the writer (in the thread); ``write(writer, record, step)`` writes one row; ``finish(writer)``
+    closes it. ``log`` queues and returns at once. A failure to open (or a later write) prints one warning line
+    naming the sink; its remaining rows are dropped and the run goes on. ``ready`` is set once ``open`` returned
+    (or failed); ``failed`` says which.
+    """
+
+    _CLOSE = object()
+
+    def __init__(self, name: str, open, write, finish):
+        self.name, self._open, self._write, self._finish = name, open, write, finish
+        self.ready, self.failed = threading.Event(), False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # Daemonic: a process that dies without close() is not held up by a sink still starting.
+        self._thread = threading.Thread(target=self._run, name=f"fastrl-{name}", daemon=True)
+        self._thread.start()
+
+    def _warn(self, what: str, error: BaseException) -> None:
+        self.failed = True
+        print(f"fastrl: warning: {self.name} {what} ({_first_line(error)}); the run goes on without it", file=sys.stderr)
+
+    def _run(self) -> None:
+        writer = None
+        try:
+            writer = self._open()
+        except Exception as e:  # noqa: BLE001  (whatever stops a sink, the run goes on without it)
+            self._warn("could not start", e)
+        finally:
+            self.ready.set()
+        while (item := self._queue.get()) is not self._CLOSE:
+            if writer is None:
+                continue
+            try:
+                self._write(writer, *item)
+            except Exception as e:  # noqa: BLE001
+                self._warn("stopped writing", e)
+                writer = None
+        if writer is not None:
+            try:
+                self._finish(writer)
+            except Exception as e:  # noqa: BLE001
+                self._warn("could not close", e)
+
+    def log(self, record: dict, step: int) -> None:
+        self._queue.put((record, step))
+
+    def close(self) -> None:
+        """Wait for the sink to start, write every queued row and close. Idempotent."""
+        if self._thread.is_alive():
+            self._queue.put(self._CLOSE)
+            self._thread.join()
+
+
+def open_tensorboard(tb_dir: Path, start_step: int):
+    from torch.utils.tensorboard import SummaryWriter
+    # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
+    _wait_for_a_later_event_file_name(tb_dir)
+    return SummaryWriter(str(tb_dir), purge_step=start_step + 1 if start_step else None)
+
+
+def write_tensorboard(writer, record: dict, step: int) -> None:
+    for key, value in record.items():
+        if key != "global_step" and isinstance(value, (int, float)):
+            writer.add_scalar(key, value, step)
+
+
+def open_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str, start_step: int):
+    """A fresh run logs one wandb run. A resumed one (``start_step`` > 0) continues the series: online, as a
+    fork of the previous segment at ``start_step`` (wandb keeps history append-only, so the crashed tail past
+    the checkpoint stays out of the fork); offline, as a new run in the same group named ``<run>@<step>``."""
+    import wandb
+    os.environ.setdefault("WANDB_SILENT", "true")
+    id_file = run_dir / "wandb" / "fastrl_run_id"
+    kwargs = dict(mode=mode, project=project, dir=str(run_dir), config=config, group=run_dir.name,
+                  name=name, reinit="finish_previous")
+    if start_step:
+        kwargs["name"] = f"{name}@{start_step}"
+        if mode == "online" and id_file.is_file():
+            kwargs["fork_from"] = f"{id_file.read_text().strip()}?_step={start_step}"
+    run = wandb.init(**kwargs)
+    id_file.parent.mkdir(parents=True, exist_ok=True)
+    id_file.write_text(run.id)
+    return run
+
+
+def write_wandb(run, record: dict, step: int) -> None:
+    run.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=int(step))
+
+
 class NullLogger:
     def log(self, metrics: dict, step: int) -> None:
         pass
@@ -49,38 +152,20 @@ class RunLogger(NullLogger):
                  wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = ""):
         self.run_dir = Path(run_dir)
         self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
-        self._tb = None
+        self.sinks: list[BackgroundSink] = []
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
-            _wait_for_a_later_event_file_name(self.run_dir / "tb")
-            self._tb = SummaryWriter(str(self.run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
-        self._wandb = None
+            self.sinks.append(BackgroundSink("TensorBoard", lambda: open_tensorboard(self.run_dir / "tb", start_step),
+                                             write_tensorboard, lambda writer: writer.close()))
         if wandb_mode != "disabled":
-            self._wandb = self._init_wandb(config, wandb_mode, wandb_project, run_name or self.run_dir.name, start_step)
+            self.sinks.append(BackgroundSink(
+                "wandb", lambda: open_wandb(self.run_dir, config, wandb_mode, wandb_project,
+                                            run_name or self.run_dir.name, start_step),
+                write_wandb, lambda run: run.finish()))
         self._bar = None
         if progress:
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, dynamic_ncols=True,
                              file=sys.stderr, mininterval=0.5)
-
-    def _init_wandb(self, config: dict, mode: str, project: str, name: str, start_step: int):
-        """A fresh run logs one wandb run. A resumed one (``start_step`` > 0) continues the series: online, as a
-        fork of the previous segment at ``start_step`` (wandb keeps history append-only, so the crashed tail past
-        the checkpoint stays out of the fork); offline, as a new run in the same group named ``<run>@<step>``."""
-        import wandb
-        os.environ.setdefault("WANDB_SILENT", "true")
-        id_file = self.run_dir / "wandb" / "fastrl_run_id"
-        kwargs = dict(mode=mode, project=project, dir=str(self.run_dir), config=config, group=self.run_dir.name,
-                      name=name, reinit="finish_previous")
-        if start_step:
-            kwargs["name"] = f"{name}@{start_step}"
-            if mode == "online" and id_file.is_file():
-                kwargs["fork_from"] = f"{id_file.read_text().strip()}?_step={start_step}"
-        run = wandb.init(**kwargs)
-        id_file.parent.mkdir(parents=True, exist_ok=True)
-        id_file.write_text(run.id)
-        return run
 
     def log(self, metrics: dict, step: int) -> None:
         record = {"global_step": int(step)}
@@ -89,12 +174,8 @@ class RunLogger(NullLogger):
             self._jsonl.write(json.dumps(record) + "\n")
         except OSError as e:
             raise UserError(f"could not write metrics to {self.run_dir / 'metrics.jsonl'}: {e.strerror}; free disk space") from None
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "global_step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, step)
-        if self._wandb is not None:
-            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=int(step))
+        for sink in self.sinks:
+            sink.log(record, step)
 
     def progress(self, step: int, postfix: dict) -> None:
         if self._bar is not None:
@@ -110,7 +191,5 @@ class RunLogger(NullLogger):
             self._jsonl.close()
         except OSError:  # e.g. disk full on the final flush: what was written before stays whole
             pass
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        for sink in self.sinks:
+            sink.close()
