@@ -228,7 +228,7 @@ class PopulationTrainer:
             return vmap(member_value)(params, obs)
 
         self.policy_step = CompiledOrEager(population_act, self.compile_mode, "the population rollout forward")
-        self.bootstrap_value = CompiledOrEager(population_value, self.compile_mode, "the population bootstrap value")
+        self.bootstrap_value = population_value  # once per rollout: eager costs less than compiling it
         self.step_fn = CompiledOrEager(self._population_step, self.update_compile_mode,
                                        f"the population {cfg.algo} gradient step", fullgraph=True)
         # Per-member hyperparameters as [K] tensors: graph inputs, so schedules and rollbacks never recompile.
