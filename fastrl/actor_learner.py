@@ -42,6 +42,8 @@ import torch.multiprocessing as tmp
 
 from fastrl import impala
 from fastrl.amp import annealed_lr, autocast_factory, grad_scaler, make_optimizer
+from fastrl.async_collect import GroupedRollout, RolloutViews
+from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config
@@ -221,7 +223,9 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     """Actor process body: fill own slots with ``[T, N]`` rollouts until told to stop or orphaned.
 
     Per env step: one policy forward (1 thread), one env step, slice writes into the shared slot and a heartbeat
-    write; no .item(), no per-env Python loop, no allocation of buffers. Episode statistics are the env's own
+    write; no .item(), no per-env Python loop, no allocation of buffers. With ``env_mode`` async the same slot is
+    filled by ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the
+    transitions the sync loop would write. Episode statistics are the env's own
     (``env.stats``), copied into the slot once per rollout.
     """
     stopping = {"now": False}
@@ -231,7 +235,14 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once per actor
     torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
     env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
-    env = make_env(env_cfg, seed=actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs))
+    seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs)
+    grouped = None  # env_mode async: two env groups, one stepping while the policy acts on the other
+    if resolve_env_mode(cfg, cfg.n_envs) == "async":
+        from fastrl.trainer import Timer
+        env = make_async_env(env_cfg, seed=seed)
+        grouped, timer = GroupedRollout(env.env), Timer()
+    else:
+        env = make_env(env_cfg, seed=seed)
     agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
     agent.requires_grad_(False)
     version, seen_seq = board.pull(agent)
@@ -244,7 +255,10 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
         nxt = r["next"]
         views.append((slot, r["observation"], r["action"], r["sample_log_prob"], r["state_value"], r["valid"],
                       nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"], nxt["state_value"],
-                      ring.bootstrap_observation[slot]))
+                      ring.bootstrap_observation[slot], RolloutViews.of(r)))
+
+    def heartbeat() -> None:
+        my_stats[A_BEAT] = time.monotonic()
 
     def should_stop() -> bool:
         return stopping["now"] or board.stop_requested or os.getppid() != parent_pid
@@ -255,7 +269,7 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
         with torch.no_grad():
             while not should_stop():
                 (slot, o_buf, a_buf, logp_buf, v_buf, valid_buf, r_buf, d_buf, term_buf, trunc_buf, nv_buf,
-                 boot_buf) = views[turn % len(views)]
+                 boot_buf, slot_views) = views[turn % len(views)]
                 wait_start = time.perf_counter()
                 while not ring.acquire(slot):
                     if should_stop():
@@ -266,28 +280,33 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
                 if board.seq() != seen_seq:
                     version, seen_seq = board.pull(agent)
                 seen_episodes = env.stats.count
-                policy_s = env_s = 0.0
-                for t in range(T):
-                    t0 = time.perf_counter()
-                    action, logp, _, value = agent.get_action_and_value(obs)
-                    o_buf[t].copy_(obs)
-                    a_buf[t].copy_(action)
-                    logp_buf[t].copy_(logp)
-                    v_buf[t].copy_(value)
-                    t1 = time.perf_counter()
-                    step = env.step(action)
-                    t2 = time.perf_counter()
-                    r_buf[t].copy_(step.reward)
-                    d_buf[t].copy_(step.done)
-                    term_buf[t].copy_(step.terminated)
-                    trunc_buf[t].copy_(step.truncated)
-                    valid_buf[t].copy_(step.valid)
-                    obs = step.observation
-                    policy_s += t1 - t0
-                    env_s += t2 - t1
-                    my_stats[A_BEAT] = time.monotonic()
-                nv_buf[:-1].copy_(v_buf[1:])  # behaviour values; the learner recomputes its own
-                nv_buf[-1].copy_(agent.get_value(obs))
+                if grouped is not None:  # the same [T, N] slot, filled group by group (fastrl/async_collect.py)
+                    obs = grouped.run(slot_views, obs, agent.get_action_and_value, agent.get_value, timer, heartbeat)
+                    seconds = timer.pop()
+                    policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
+                else:
+                    policy_s = env_s = 0.0
+                    for t in range(T):
+                        t0 = time.perf_counter()
+                        action, logp, _, value = agent.get_action_and_value(obs)
+                        o_buf[t].copy_(obs)
+                        a_buf[t].copy_(action)
+                        logp_buf[t].copy_(logp)
+                        v_buf[t].copy_(value)
+                        t1 = time.perf_counter()
+                        step = env.step(action)
+                        t2 = time.perf_counter()
+                        r_buf[t].copy_(step.reward)
+                        d_buf[t].copy_(step.done)
+                        term_buf[t].copy_(step.terminated)
+                        trunc_buf[t].copy_(step.truncated)
+                        valid_buf[t].copy_(step.valid)
+                        obs = step.observation
+                        policy_s += t1 - t0
+                        env_s += t2 - t1
+                        my_stats[A_BEAT] = time.monotonic()
+                    nv_buf[:-1].copy_(v_buf[1:])  # behaviour values; the learner recomputes its own
+                    nv_buf[-1].copy_(agent.get_value(obs))
                 boot_buf.copy_(obs)
                 ring.n_episodes[slot] = copy_new_episodes(env.stats, seen_episodes, ring.episode_return[slot],
                                                           ring.episode_length[slot])
@@ -602,7 +621,7 @@ class ActorLearnerTrainer:
                 "actor_sps": float(actor_total[:, A_STEPS].sum()) / wall,
                 "actor_restarts": self.pool.restarts, "hung_actor_restarts": self.pool.hung_restarts,
                 "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
-                "dropped_rollouts": lags["dropped"]}
+                "dropped_rollouts": lags["dropped"], "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs)}
 
     def state_dict(self) -> dict:
         """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""

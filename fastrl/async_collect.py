@@ -13,75 +13,136 @@ one: the update needs the whole rollout, and the next rollout's actions need the
 results are waited for at any time, and only whole groups are in flight, so ``recv`` (which waits for B results)
 never waits for an env that was not sent.
 
+``GroupedRollout`` is the loop itself, writing into any ``[T, N]`` rollout (``RolloutViews``): the trainer's
+buffer (``AsyncCollector``) or an IMPALA actor's shared-memory slot (``fastrl.actor_learner``).
+
 Per ``recv``: one C++ wait, index writes of ``[B]`` results into the buffer, and for each group completed, one
 policy forward on its ``[B]`` observations, slice writes and ``send``. No per-env Python loop, no ``.item()``.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Callable, NamedTuple
+
 import numpy as np
 import torch
 
 
-class AsyncCollector:
-    """Fills ``trainer.buffer`` from ``trainer.env`` (a NormalizedEnv around an ``AsyncBatchedEnv``), reading
-    ``trainer.policy_step``, ``bootstrap_value``, ``timer`` and ``next_obs`` afresh at each ``collect()``."""
+class RolloutViews(NamedTuple):
+    """The ``[T, N]`` tensors a rollout writes (views into a buffer; see ``fastrl.buffers``)."""
+    observation: torch.Tensor
+    action: torch.Tensor
+    sample_log_prob: torch.Tensor
+    state_value: torch.Tensor
+    valid: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    next_value: torch.Tensor
 
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.env = trainer.env.env
-        n_envs, n_groups, size = self.env.n_envs, self.env.n_groups, self.env.group_size
+    @classmethod
+    def of(cls, buffer) -> "RolloutViews":
+        nxt = buffer["next"]
+        return cls(buffer["observation"], buffer["action"], buffer["sample_log_prob"], buffer["state_value"],
+                   buffer["valid"], nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"],
+                   nxt["state_value"])
+
+
+class _NoTimer:
+    def section(self, _name):
+        return nullcontext()
+
+
+class GroupedRollout:
+    """The async rollout loop over an ``AsyncBatchedEnv`` (see the module docstring), into any ``RolloutViews``.
+
+    ``device``: where the policy runs (on CUDA the staging buffer is pinned and copies are non-blocking)."""
+
+    def __init__(self, env, device: torch.device | str = "cpu"):
+        self.env, self.device = env, torch.device(device)
+        n_envs, n_groups, size = env.n_envs, env.n_groups, env.group_size
         self.n_groups, self.group_size = n_groups, size
         self.group_env_ids = [np.arange(g * size, (g + 1) * size) for g in range(n_groups)]
         self.group_of_env = np.arange(n_envs) // size
         # Where each env's newest observation waits until its whole group has arrived.
-        pending = torch.zeros(n_envs, *self.env.observation_shape, dtype=self.env.observation_dtype)
-        self.pending_obs = pending.pin_memory() if trainer.device.type == "cuda" else pending
+        pending = torch.zeros(n_envs, *env.observation_shape, dtype=env.observation_dtype)
+        self.pending_obs = pending.pin_memory() if self.device.type == "cuda" else pending
 
-    def _act(self, group: int, t: int, obs: torch.Tensor) -> None:
+    def _act(self, views: RolloutViews, policy_step, timer, group: int, t: int, obs: torch.Tensor) -> None:
         """Policy forward on ``group``'s observations ``obs [B, *obs]`` (step ``t``), row writes, then send."""
-        tr = self.trainer
         cols = slice(group * self.group_size, (group + 1) * self.group_size)
-        with tr.timer.section("policy"):
-            action, logp, _, value = tr.policy_step(obs.to(tr.device, non_blocking=True))
-            tr._obs[t, cols].copy_(obs)
-            tr._action[t, cols].copy_(action)
-            tr._logp[t, cols].copy_(logp)
-            tr._value[t, cols].copy_(value)
+        with timer.section("policy"):
+            action, logp, _, value = policy_step(obs.to(self.device, non_blocking=True))
+            views.observation[t, cols].copy_(obs)
+            views.action[t, cols].copy_(action)
+            views.sample_log_prob[t, cols].copy_(logp)
+            views.state_value[t, cols].copy_(value)
             action_cpu = action.cpu()
         self.env.send(action_cpu, self.group_env_ids[group])
 
-    def collect(self) -> None:
-        """One ``[T, N]`` rollout; advances ``trainer.next_obs`` and ``trainer.global_step`` as the sync loop does."""
-        tr, env, n_steps = self.trainer, self.env, self.trainer.cfg.n_steps
-        size, pending = self.group_size, self.pending_obs
+    def run(self, views: RolloutViews, next_obs: torch.Tensor, policy_step: Callable, bootstrap_value: Callable,
+            timer=None, on_recv: Callable | None = None) -> torch.Tensor:
+        """Fill ``views`` (``[T, N]``) starting from ``next_obs [N, *obs]`` (every env's current observation, no env in
+        flight); return the observations after step T-1 (a new tensor). ``policy_step(obs) -> (action, logp,
+        entropy, value)`` and ``bootstrap_value(obs) -> value`` as the trainer's; ``timer.section("policy"|"env")``
+        times the two; ``on_recv()`` is called after every recv (a heartbeat)."""
+        env, size, pending = self.env, self.group_size, self.pending_obs
+        timer = timer or _NoTimer()
+        n_steps = views.observation.shape[0]
         step_of_group = np.zeros(self.n_groups, dtype=np.int64)  # the row each group's in-flight step writes
         arrived = np.zeros(self.n_groups, dtype=np.int64)
         for group in range(self.n_groups):  # group 0 steps while the policy acts on group 1
-            cols = slice(group * size, (group + 1) * size)
-            self._act(group, 0, tr.next_obs[cols])
+            self._act(views, policy_step, timer, group, 0, next_obs[group * size:(group + 1) * size])
         in_flight = self.n_groups
         while in_flight:
-            with tr.timer.section("env"):
+            with timer.section("env"):
                 step = env.recv()
+            if on_recv is not None:
+                on_recv()
             groups = self.group_of_env[step.env_ids]
             index = (torch.from_numpy(step_of_group[groups]), torch.from_numpy(step.env_ids))
-            tr._reward.index_put_(index, step.reward)
-            tr._terminated.index_put_(index, step.terminated)
-            tr._truncated.index_put_(index, step.truncated)
-            tr._done.index_put_(index, step.done)
-            tr._valid.index_put_(index, step.valid)
+            views.reward.index_put_(index, step.reward)
+            views.terminated.index_put_(index, step.terminated)
+            views.truncated.index_put_(index, step.truncated)
+            views.done.index_put_(index, step.done)
+            views.valid.index_put_(index, step.valid)
             pending.index_copy_(0, index[1], step.observation)
             arrived += np.bincount(groups, minlength=self.n_groups)
             for group in np.flatnonzero(arrived == size).tolist():  # whole groups: at most n_groups per recv
                 arrived[group] = 0
                 step_of_group[group] += 1
                 if step_of_group[group] < n_steps:
-                    self._act(group, int(step_of_group[group]), pending[group * size:(group + 1) * size])
+                    self._act(views, policy_step, timer, group, int(step_of_group[group]),
+                              pending[group * size:(group + 1) * size])
                 else:
-                    in_flight -= 1  # parked until the next collect()
-        next_obs = pending.clone()  # every env's observation after its step T-1
-        with tr.timer.section("policy"):
-            tr._next_value[:-1].copy_(tr._value[1:])
-            tr._next_value[-1].copy_(tr.bootstrap_value(next_obs.to(tr.device, non_blocking=True)))
-        tr.next_obs = next_obs
+                    in_flight -= 1  # parked until the next rollout
+        last_obs = pending.clone()  # every env's observation after its step T-1
+        with timer.section("policy"):
+            views.next_value[:-1].copy_(views.state_value[1:])
+            views.next_value[-1].copy_(bootstrap_value(last_obs.to(self.device, non_blocking=True)))
+        return last_obs
+
+
+class AsyncCollector:
+    """The trainer's async ``collect()``: fills ``trainer.buffer`` from ``trainer.env`` (a NormalizedEnv around an
+    ``AsyncBatchedEnv``), reading ``trainer.policy_step``, ``bootstrap_value`` and ``next_obs`` afresh each time."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.rollout = GroupedRollout(trainer.env.env, trainer.device)
+        self.views = RolloutViews.of(trainer.buffer)
+
+    @property
+    def env(self):
+        return self.rollout.env
+
+    @env.setter
+    def env(self, env):  # tests put a wrapper around the env
+        self.rollout.env = env
+
+    def collect(self) -> None:
+        """One ``[T, N]`` rollout; advances ``trainer.next_obs`` and ``trainer.global_step`` as the sync loop does."""
+        tr = self.trainer
+        tr.next_obs = self.rollout.run(self.views, tr.next_obs, tr.policy_step, tr.bootstrap_value, tr.timer)
         tr.global_step += tr.steps_per_iteration

@@ -81,7 +81,7 @@ class Config:
     # --- environment ---
     env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium", ("auto", "envpool", "gymnasium"))
     env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
-    env_mode: str = _f("sync", "ppo/a2c env stepping: sync (all envs step, then the policy acts on all); async (EnvPool "
+    env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "
                                "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
                                "even n_envs); auto (async for image observations, where it measured faster; see "
                                "fastrl/async_env.py)",
@@ -266,9 +266,6 @@ class Config:
         if self.max_policy_lag and self.sync_interval >= self.max_policy_lag:
             raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
                             "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")
-        if self.env_mode == "async":
-            raise UserError(f"env_mode=async does not apply to {self.algo} yet (its actors step their envs "
-                            "synchronously): use --env-mode sync or auto, or --algo ppo")
         if self.normalize_obs or self.normalize_reward:
             raise UserError(f"{self.algo} does not support normalize_obs/normalize_reward yet (each actor would keep "
                             "its own statistics); set both to false")

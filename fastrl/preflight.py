@@ -141,11 +141,13 @@ def check_env_for_actors(cfg: Config) -> None:
 
 
 def check_env_mode(cfg: Config, world_size: int = 1) -> None:
-    """env_mode=async needs an EnvPool env and, on each rank, n_envs that split into equal env groups."""
-    if cfg.env_mode != "async" or cfg.algo in ACTOR_LEARNER_ALGOS:
+    """env_mode=async needs an EnvPool env and, on each rank (or impala/appo actor), n_envs that split into equal
+    env groups."""
+    if cfg.env_mode != "async":
         return
     from fastrl.async_env import async_unsupported
-    n_envs = cfg.n_envs if cfg.per_rank else cfg.n_envs // max(world_size, 1)
+    per_process = cfg.per_rank or cfg.algo in ACTOR_LEARNER_ALGOS
+    n_envs = cfg.n_envs if per_process else cfg.n_envs // max(world_size, 1)
     why = async_unsupported(cfg.env, cfg.env_backend, n_envs)
     if why:
         raise UserError(f"env_mode=async: {why}; or use --env-mode sync (or auto)")
