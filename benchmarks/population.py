@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                              "members_reached_sequential": sum(r["members_reached"] for r in one_by_one)})
             print(json.dumps(separate[-1]), flush=True)
     info["load_average_end"] = load_average()
-    out = Path(args.out) if args.out else default_out("population.json")
+    out = Path(args.out) if args.out else default_out("population")
     write_json({"machine": info, "population": rows, "separate": separate}, out)
     print(markdown_table(
         ["env", "K", "process s", "x one seed", "agent steps/s", "members >= threshold", "min return"],

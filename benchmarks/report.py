@@ -24,7 +24,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
-         "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve")
+         "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve", "population")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -206,6 +206,27 @@ def default_solve_section(report: dict) -> list:
             f"({_when(report)})", "", markdown_table(list(report["table"][0]), rows)]
 
 
+def population_section(report: dict) -> list:
+    info = report.get("machine", {})
+    rows = [[r["env"], r["k"], f"{r['process_s']:.1f}", f"{r['over_one_seed']:.2f}x", f"{r['training_s']:.1f}",
+             f"{r['agent_steps_per_s']:,.0f}", f"{r['members_reached']}/{r['members']}", f"{r['return_min']:.1f}"]
+            for r in report["population"]]
+    lines = [f"K seeds in one process (`--n-seeds K`, one vmapped, compiled program) against one seed, each a fresh "
+             f"process with an empty compile cache (`compile: auto`; start-up, compiling and the final evaluation "
+             f"count), `python -m benchmarks.population`. CartPole-v1: the embedded default, 120k steps per member; "
+             f"LunarLander-v2: configs/ppo/lunarlander for 100k steps per member (a scaling figure, not a solve). "
+             f"Load average at start {info.get('load_average_start')}, at end {info.get('load_average_end')}. "
+             f"({_when(report)})", "",
+             markdown_table(["env", "K", "process s", "vs one seed", "training s", "agent steps/s",
+                             "members >= threshold", "lowest member's last-100"], rows)]
+    for sep in report.get("separate", []):
+        lines += ["", f"The same {sep['k']} CartPole seeds as separate single-run processes: one after another "
+                      f"{sep['sequential_s']:.1f} s, two at a time {sep['two_at_a_time_s']:.1f} s, against "
+                      f"{sep['one_process_s']:.1f} s in one process (median single process "
+                      f"{sep['single_process_median_s']:.1f} s)."]
+    return lines
+
+
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
     "peers_sb3_zoo": ("SB3 like for like, at the zoo's CartPole settings", sb3_zoo_section),
@@ -220,6 +241,7 @@ SECTIONS = {  # part -> (heading, builder)
     "impala_sps": ("IMPALA", impala_section),
     "learner": ("Compiled learner", learner_section),
     "default_solve": ("The default, eager against compiled", default_solve_section),
+    "population": ("Population training (many seeds in one process)", population_section),
 }
 
 

@@ -106,7 +106,8 @@ class Config:
     amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
                   ("off", "bf16", "fp16"))
     compile: str = _f("auto", "torch.compile the rollout forward and the loss: auto (default on CUDA, off on CPU), off, "
-                      "default, max-autotune", ("auto", "off", "default", "max-autotune"))
+                      "default, max-autotune, reduce-overhead (CUDA graphs on CUDA)",
+                      ("auto", "off", "default", "max-autotune", "reduce-overhead"))
     # --- optimisation (shared by the algorithms) ---
     n_steps: int = _f(32, "rollout length T per env per iteration")
     lr: float = _f(1e-3, "learning rate")
@@ -241,7 +242,9 @@ class Config:
                    (self.normalize_obs or self.normalize_reward, "normalize_obs/normalize_reward (statistics per "
                     "member are not implemented)", "set both to false"),
                    (self.amp == "fp16", "amp fp16 (its loss scaler is per run)", "use --amp bf16 or off"),
-                   (self.capture_video, "capture_video", "record a member's video with fastrl eval afterwards")]
+                   (self.capture_video, "capture_video", "record a member's video with fastrl eval afterwards"),
+                   (getattr(self, "env_mode", "sync") == "async", "env_mode async (members step their envs in sync)",
+                    "use --env-mode sync or auto")]
         for bad, what, fix in refused:
             if bad:
                 raise UserError(f"--n-seeds/--vary (a population) do not support {what}: {fix}")

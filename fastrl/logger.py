@@ -145,6 +145,19 @@ class NullLogger:
         pass
 
 
+_MEMBER_LABELS = ("global_step", "member", "seed", "member_step", "variant")
+
+
+def member_series(record: dict) -> dict:
+    """TensorBoard and wandb keep one series per name: a population member's row (``member`` m, see
+    ``fastrl.population``) goes to ``member<m>/<name>``; metrics.jsonl keeps the row as it is."""
+    if "member" not in record:
+        return record
+    prefix = f"member{record['member']}/"
+    return {"global_step": record["global_step"],
+            **{prefix + key: value for key, value in record.items() if key not in _MEMBER_LABELS}}
+
+
 class RunLogger(NullLogger):
     """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``."""
 
@@ -174,8 +187,9 @@ class RunLogger(NullLogger):
             self._jsonl.write(json.dumps(record) + "\n")
         except OSError as e:
             raise UserError(f"could not write metrics to {self.run_dir / 'metrics.jsonl'}: {e.strerror}; free disk space") from None
+        series = member_series(record)
         for sink in self.sinks:
-            sink.log(record, step)
+            sink.log(series, step)
 
     def progress(self, step: int, postfix: dict) -> None:
         if self._bar is not None:

@@ -22,6 +22,12 @@ The trainer interface:
   ``episode_window_full``, ``episodes``); ``normalizer_state()`` (for evaluation envs, or None);
   ``state_dict()`` / ``load_state_dict()``; ``weights_state()`` / ``roll_back(state, lr_factor)``;
   ``summary_extras() -> dict``; ``close()`` (idempotent).
+
+A population (``fastrl.population.PopulationTrainer``, ``--n-seeds``/``--vary``) adds: ``member_rows(elapsed_s)``
+(one metrics row per member, logged after the run's row; its per-member rollback guards run there, so
+``member_guards`` turns the run-level guard off), ``evaluate_members()`` (the evaluation figures become member
+means), ``population_summary()`` (summary.json's ``members`` and aggregates); its ``episode_summary()`` carries
+``episode_return_min``, which ``stop_at_return`` waits on.
 """
 from __future__ import annotations
 

@@ -236,3 +236,12 @@ def test_population_learns_cartpole_median_of_members(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     returns = [m["episode_return_mean"] for m in summary["members"]]
     assert statistics.median(returns) >= 150, returns
+
+
+def test_member_rows_become_per_member_series_in_tensorboard_and_wandb():
+    from fastrl.logger import member_series
+    row = {"global_step": 512, "member": 3, "seed": 4, "member_step": 128, "variant": "lr=0.001", "lr": 0.001,
+           "charts/episodic_return": 20.0}
+    assert member_series(row) == {"global_step": 512, "member3/lr": 0.001, "member3/charts/episodic_return": 20.0}
+    plain = {"global_step": 512, "charts/episodic_return": 20.0}
+    assert member_series(plain) is plain
