@@ -12,6 +12,10 @@ No part means all but impala. ``train_sps`` is an alias of end-to-end. A part th
 still run (exit status 1). Afterwards ``benchmarks/report.py`` rewrites benchmarks/RESULTS.md and the plots.
 ``--quick`` passes each script its smoke profile (peers + learning: about 5 minutes on the busy 2-core dev box;
 the whole default set was not timed there).
+
+``--profile gpu`` runs ``benchmarks/gpu_profile.py`` on its own (kernels against the device's bandwidth, PPO on
+Atari and CartPole eager / compiled / CUDA graphs; one GPU, under 8 minutes); ``--profile gpu --dry-run`` runs the
+same code on CPU with tiny sizes, in under a minute.
 """
 from __future__ import annotations
 
@@ -73,11 +77,18 @@ def _parse(argv):
                         help=f"any of {', '.join(PARTS)} (default: {' '.join(DEFAULT_PARTS)})")
     parser.add_argument("--quick", action="store_true", help="each part's smoke profile (short budgets, one seed)")
     parser.add_argument("--no-report", action="store_true", help="do not rewrite benchmarks/RESULTS.md and the plots")
+    parser.add_argument("--profile", choices=["gpu"], default=None,
+                        help="gpu: the one-GPU profile, benchmarks/gpu_profile.py (under 8 minutes), instead of parts")
+    parser.add_argument("--dry-run", action="store_true", help="with --profile gpu: the same code on CPU, tiny sizes")
     args = parser.parse_args(argv)
     parts = [ALIASES.get(p, p) for p in args.parts]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise _UsageError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+    if args.dry_run and not args.profile:
+        raise _UsageError("--dry-run goes with --profile gpu: use fastrl bench --profile gpu --dry-run")
+    if args.profile and (parts or args.quick):
+        raise _UsageError(f"--profile {args.profile} runs on its own: drop the parts and --quick")
     args.parts = list(dict.fromkeys(parts or DEFAULT_PARTS))
     return args
 
@@ -88,6 +99,9 @@ def main(argv=None) -> int:
     except _UsageError as e:
         print(f"fastrl bench: error: {e}", file=sys.stderr)
         return 2
+    if args.profile == "gpu":
+        from benchmarks import gpu_profile
+        return gpu_profile.main(["--dry-run"] if args.dry_run else [])
     extra = ["--quick"] if args.quick else []
     steps = [(part, module, [*part_argv, *extra]) for part in args.parts for module, part_argv in PARTS[part]]
     outcomes = []

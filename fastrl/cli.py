@@ -14,6 +14,7 @@ USAGE = """usage: fastrl {train,eval,plot,bench} ...
   fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV]                   deterministic evaluation
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
   fastrl bench [PART ...] [--quick]                                            run benchmarks (see fastrl bench --help)
+  fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
 """
 
 

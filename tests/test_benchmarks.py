@@ -341,3 +341,64 @@ def test_rollout_sps_tiny(tmp_path):
         assert r["rollout_over_raw"] > 0 and r["raw_sync_sps"]["median"] > 0 and r["raw_async_sps"]["median"] > 0
         assert r["raw_sps"] == r[f"raw_{r['mode']}_sps"] and r["rollout_sps"]["median"] > 0
     report.rollout_section({"rollout": rows})  # the report still reads the rows
+
+
+# ---------------------------------------------------------------------------------------------- gpu_profile.py
+def test_gpu_profile_dry_run(tmp_path):
+    """``fastrl bench --profile gpu --dry-run``'s code on CPU, with the Triton kernels interpreted (TRITON_INTERPRET=1
+    must be set before triton is imported, hence the subprocess): every section runs or says why not."""
+    import os
+    from pathlib import Path
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    out = tmp_path / "gpu_profile.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_profile", "--dry-run", "--out", str(out)],
+                          cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "### Kernels" in proc.stdout and "### PPO on Breakout-v5" in proc.stdout and f"wrote {out}" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and report["device"] == "cpu" and report["device_bandwidth"]["gbps"] is None
+    assert report["kernels_skipped"] == {}
+    kernels = {(r["kernel"], r["backend"], r["T"], r["N"]): r for r in report["kernels"]}
+    assert {(k, b) for k, b, _, _ in kernels} == {(k, b) for k in ("gae", "vtrace", "ppo_loss fwd+bwd")
+                                                  for b in ("triton", "torch")}
+    assert all(r["us"] > 0 and r["gbps"] > 0 and r["of_copy"] > 0 and r["of_peak"] is None for r in kernels.values())
+    for task, variants in (("atari", {"eager / bf16 off / 4 envs", "eager / bf16 on / 4 envs",
+                                      "compiled / bf16 off / 4 envs"}),
+                           ("cartpole", {"eager / bf16 off / 4 envs", "compiled / bf16 off / 4 envs"})):
+        rows = {r["variant"]: r for r in report[task]}
+        ran = {name for name, r in rows.items() if r["status"] == "ok"}
+        assert ran == variants, {name: r.get("reason") for name, r in rows.items()}
+        assert all(rows[name]["sps"] > 0 for name in ran)
+        assert all(rows[name]["update_compiled"] and rows[name]["rollout_compiled"] for name in ran
+                   if name.startswith("compiled")), "the compiled variants trace without falling back to eager"
+        cudagraphs = [r for r in rows.values() if r["mode"] == "cudagraphs"]
+        assert cudagraphs and all(r["status"] == "skipped" and "CUDA" in r["reason"] for r in cudagraphs)
+
+
+def test_gpu_profile_without_cuda_is_one_line(monkeypatch, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run.main(["--profile", "gpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs a CUDA device" in err and "--dry-run" in err
+
+
+@pytest.mark.parametrize("argv,needle", [(["--dry-run"], "--dry-run goes with --profile gpu"),
+                                         (["--profile", "gpu", "kernels"], "runs on its own"),
+                                         (["--profile", "cpu"], "invalid choice")])
+def test_gpu_profile_flag_mistakes_are_one_line(argv, needle, capsys):
+    assert run.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err
+
+
+def test_device_bandwidth_figures():
+    from benchmarks.gpu_profile import bandwidth_from_properties, known_bandwidth
+    assert round(bandwidth_from_properties(2_619_000, 5120)) == 3352  # H100 SXM: 2.619 GHz HBM3, 5120-bit bus
+    assert bandwidth_from_properties(0, 5120) is None
+    assert known_bandwidth("NVIDIA H200") == 4800 and known_bandwidth("NVIDIA H100 PCIe") == 2000
+    assert known_bandwidth("NVIDIA A100-SXM4-80GB") == 2039 and known_bandwidth("NVIDIA GH200 480GB") == 4000
+    assert known_bandwidth("Some Future GPU") is None
