@@ -82,8 +82,8 @@ def test_a_sink_that_fails_to_start_is_one_warning_and_the_run_goes_on(tmp_path,
     wandb_sink = run_logger.sinks[1]
     assert wandb_sink.failed and wandb_sink.ready.is_set()
     warnings = [line for line in capsys.readouterr().err.splitlines() if line]
-    assert warnings == ["fastrl: warning: wandb could not start (RuntimeError: wandb service did not start); "
-                        "the run goes on without it"]
+    assert warnings == [("fastrl: warning: wandb could not start (RuntimeError: wandb service did not start); "
+                         "the run goes on without it")]
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
 
 
