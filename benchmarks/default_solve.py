@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.default_solve")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--modes", nargs="+", default=["off", "default"])
-    parser.add_argument("--total-steps", type=int, default=120_000, help="the default's own budget")
+    parser.add_argument("--total-steps", type=int, default=250_000, help="the default's own budget")
     parser.add_argument("--quick", action="store_true", help="one seed, 8k steps (a smoke test of this script)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

@@ -406,7 +406,9 @@ SB3_PPO_DEFAULTS = dict(n_envs=1, learning_rate=3e-4, n_steps=2048, batch_size=6
                         vf_coef=0.5, max_grad_norm=0.5, net_arch=[64, 64], activation="tanh", ortho_init=True,
                         adam_eps=1e-5)
 SB3_DEFAULT_BUDGET = {"full": 40_960, "quick": 4_096}  # a steps/s part: 20 (quick: 2) rollouts of 2048 steps
-COMPILE_LIBS = {"fastrl": "off", "fastrl[compiled]": "default"}  # lib name -> fastrl's `compile`
+COMPILE_LIBS = {"fastrl": "off", "fastrl[compiled]": "default", "fastrl[default]": "off"}  # lib -> its `compile`
+# sb3-zoo's "fastrl[default]": the embedded default command itself (python -m fastrl.train), beside SB3 in one run.
+DEFAULT_BUDGET = 250_000
 SPEED_PARTS = ["sb3-zoo", "sb3-default", "rejax"]
 
 
@@ -520,6 +522,8 @@ def bench_sb3(part: str, seeds: int, threads: int, libs: list, budget: int, prog
             print(f"[{part}] {lib} seed {seed} (budget {budget:,} steps"
                   f"{'' if threshold is None else f', stop at {threshold:g}'})", file=sys.stderr, flush=True)
             cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS.get(lib, "off"), threshold, progress)
+            if lib == "fastrl[default]":  # `python -m fastrl.train` as is: its own settings and budget, eager as on a
+                cfg = fastrl_config({}, seed, DEFAULT_BUDGET, threads, "off", threshold, progress)  # fresh machine
             if lib == "sb3":
                 run = run_sb3(cfg, sb3_native(part, seed), total_timesteps=budget)
             else:
@@ -719,7 +723,7 @@ def bench_rejax(seeds: int, threads: int, libs: list, budget: int, progress: boo
     if "fastrl[compiled]" in libs:
         warm_compile_cache(overrides, threads)
     for seed in range(1, seeds + 1):
-        for lib in (lib for lib in libs if lib in COMPILE_LIBS):
+        for lib in (lib for lib in libs if lib in COMPILE_LIBS and lib != "fastrl[default]"):
             print(f"[rejax] {lib} seed {seed} (budget {budget:,} steps, evaluation every {config['eval_freq']} steps)",
                   file=sys.stderr, flush=True)
             cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS[lib], progress=progress)
@@ -863,6 +867,8 @@ def main(argv=None) -> int:
     for part in speed_parts:
         started = time.perf_counter()
         libs = ["rejax" if part == "rejax" else "sb3", "fastrl"] + ([] if args.no_compiled else ["fastrl[compiled]"])
+        if part == "sb3-zoo":
+            libs.append("fastrl[default]")
         budget = SPEED_BUDGETS[part][profile]
         budget = min(budget, args.max_steps) if args.max_steps else budget
         if part == "rejax":

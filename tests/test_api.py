@@ -27,7 +27,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 QUIET = dict(progress=False, wandb="disabled", tensorboard=False, plot=False)
 # MatchTarget in about 2 s: 8 iterations of 4 envs x 64 steps; every seed tried reaches the maximum, 8.
-MATCH_BUDGET = dict(total_steps=2048, n_envs=4, n_steps=64, n_epochs=10, eval_episodes=10, eval_seeds=1)
+MATCH_BUDGET = dict(total_steps=2048, n_envs=4, n_steps=64, n_epochs=10, n_minibatches=1, lr=1e-3, clip_vloss=True,
+                    eval_episodes=10, eval_seeds=1)
 
 
 def subprocess_env(**extra) -> dict:
