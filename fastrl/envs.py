@@ -86,12 +86,16 @@ class EpisodeStats:
         running_length[ids] += valid
         if done.any():
             finished = np.flatnonzero(done) if env_ids is None else ids[done]
-            slots = np.arange(self.count, self.count + finished.size) % self.window
-            self.returns.numpy()[slots] = running_return[finished]
-            self.lengths.numpy()[slots] = running_length[finished]
+            self.record(running_return[finished], running_length[finished])
             running_return[finished] = 0.0
             running_length[finished] = 0
-            self.count += finished.size
+
+    def record(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Add finished episodes (their returns and lengths, in order) to the ring."""
+        slots = np.arange(self.count, self.count + returns.size) % self.window
+        self.returns.numpy()[slots] = returns
+        self.lengths.numpy()[slots] = lengths
+        self.count += returns.size
 
     def recent(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns and lengths of the last ``min(count - window_start, window, limit)`` finished episodes."""

@@ -105,28 +105,16 @@ class MemberEpisodeStats(EpisodeStats):
             member.running_return = self.running_return[m * n_envs:(m + 1) * n_envs]
             member.running_length = self.running_length[m * n_envs:(m + 1) * n_envs]
 
-    def update(self, reward, done, valid) -> None:
-        done = np.asarray(done)
-        if not done.any():
-            super().update(reward, done, valid)
-            return
+    def update(self, reward, done, valid, env_ids=None) -> None:
+        if env_ids is not None:
+            raise ValueError("MemberEpisodeStats takes whole [n_members * n_envs] steps (a population steps in sync)")
+        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
         finished = np.flatnonzero(done)
-        running_return, running_length = self.running_return.numpy(), self.running_length.numpy()
-        running_return += np.asarray(reward) * np.asarray(valid)
-        running_length += np.asarray(valid)
-        for m in np.unique(finished // self.n_envs):  # only members with a finished episode this step
-            member = self.members[m]
+        for m in np.unique(finished // self.n_envs):  # before the whole env's update clears the finished sums
             local = finished[finished // self.n_envs == m]
-            slots = np.arange(member.count, member.count + local.size) % member.window
-            member.returns.numpy()[slots] = running_return[local]
-            member.lengths.numpy()[slots] = running_length[local]
-            member.count += local.size
-        slots = np.arange(self.count, self.count + finished.size) % self.window
-        self.returns.numpy()[slots] = running_return[finished]
-        self.lengths.numpy()[slots] = running_length[finished]
-        running_return[finished] = 0.0
-        running_length[finished] = 0
-        self.count += finished.size
+            self.members[m].record(self.running_return.numpy()[local] + reward[local] * valid[local],
+                                   self.running_length.numpy()[local] + valid[local])
+        super().update(reward, done, valid)
 
 
 class _Act(nn.Module):
