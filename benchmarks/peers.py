@@ -867,7 +867,7 @@ def main(argv=None) -> int:
     for part in speed_parts:
         started = time.perf_counter()
         libs = ["rejax" if part == "rejax" else "sb3", "fastrl"] + ([] if args.no_compiled else ["fastrl[compiled]"])
-        if part == "sb3-zoo":
+        if part == "sb3-zoo" and profile == "full" and not args.max_steps:  # the default at its own 250k budget
             libs.append("fastrl[default]")
         budget = SPEED_BUDGETS[part][profile]
         budget = min(budget, args.max_steps) if args.max_steps else budget

@@ -231,7 +231,7 @@ def test_interquartile_mean_and_bootstrap_interval():
 def test_population_learns_cartpole_median_of_members(tmp_path):
     """Three seeds in one process; judged on the median member (random play scores about 22)."""
     run_dir = tmp_path / "learn"
-    assert train_main(["--n-seeds", "3", "--total-steps", "30000", "--n-envs", "8", "--n-steps", "32", "--n-epochs", "10",
+    assert train_main(["--n-seeds", "3", "--total-steps", "60000", "--n-envs", "8", "--n-steps", "32", "--n-epochs", "10",
                        "--n-minibatches", "1", "--lr", "1e-3", "--compile", "off",
                        "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
