@@ -20,7 +20,7 @@ import torch
 
 from fastrl import distributed
 from fastrl.a2c import a2c_loss_terms, a2c_update
-from fastrl.async_collect import AsyncCollector
+from fastrl.async_collect import AsyncCollector, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.amp import annealed_lr, autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
 from fastrl.buffers import make_rollout_buffer
@@ -30,6 +30,7 @@ from fastrl.envs import make_env
 from fastrl.learner import CompiledUpdate
 from fastrl.models import make_agent
 from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
+from fastrl.rollout import CompiledRolloutStep, skip_guards
 
 
 def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
@@ -118,6 +119,12 @@ class Trainer:
         self._reward, self._done = nxt["reward"], nxt["done"]
         self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
         self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
+        # CPU, sync: the rollout step (forward, sampling, buffer writes; with env_backend torch the env step too) as
+        # one compiled graph. On CUDA the compiled policy_step (CUDA graphs under reduce-overhead) stays.
+        self.rollout_step = None
+        if self.compile_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
+            self.rollout_step = CompiledRolloutStep(self.agent, RolloutViews.of(self.buffer), self.env.action_spec,
+                                                    self.autocast, self.compile_mode, env=self.env)
 
     def _build_step_functions(self) -> None:
         """The rollout forward and the loss, under ``cfg.amp`` autocast and (maybe) ``torch.compile``.
@@ -176,13 +183,20 @@ class Trainer:
 
     def collect(self) -> bool:
         """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
-        with self.timer.section("collect"), torch.no_grad():
+        with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
             self._collect()
         return True
+
+    def _warm_compiled(self) -> bool:
+        """From the second iteration on, every compiled function has compiled for the inputs it sees: the hot loops
+        skip guard evaluation (``fastrl.rollout.skip_guards``)."""
+        return self.iteration >= 1 and (self.compile_mode != "off" or self.step_fn is not None)
 
     def _collect(self) -> None:
         if self.async_collector is not None:
             return self.async_collector.collect()
+        if self.rollout_step is not None:
+            return self._collect_compiled()
         policy_step, env, device = self.policy_step, self.env, self.device
         obs = self.next_obs
         for t in range(self.cfg.n_steps):
@@ -201,10 +215,37 @@ class Trainer:
             self._done[t].copy_(step.done)
             self._valid[t].copy_(step.valid)
             obs = step.observation
+        self._finish_rollout(obs)
+
+    def _collect_compiled(self) -> None:
+        """The CPU loop over ``CompiledRolloutStep``: one compiled call per step, plus the env step outside the graph
+        unless the env is fused into it."""
+        rollout_step, env, n_steps = self.rollout_step, self.env, self.cfg.n_steps
+        obs = self.next_obs
+        if rollout_step.fused:
+            with self.timer.section("policy_env"):
+                for t in range(n_steps):
+                    obs = rollout_step(obs, t)
+                rollout_step.finish(n_steps)
+            return self._finish_rollout(obs)
+        for t in range(n_steps):
+            with self.timer.section("policy"):
+                action = rollout_step(obs, t)
+            with self.timer.section("env"):
+                step = env.step(action)
+            self._reward[t].copy_(step.reward)
+            self._terminated[t].copy_(step.terminated)
+            self._truncated[t].copy_(step.truncated)
+            self._done[t].copy_(step.done)
+            self._valid[t].copy_(step.valid)
+            obs = step.observation
+        self._finish_rollout(obs)
+
+    def _finish_rollout(self, obs: torch.Tensor) -> None:
         with self.timer.section("policy"):
             # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
             self._next_value[:-1].copy_(self._value[1:])
-            self._next_value[-1].copy_(self.bootstrap_value(obs.to(device, non_blocking=True)))
+            self._next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True)))
         self.next_obs = obs
         self.global_step += self.steps_per_iteration
 
@@ -224,7 +265,7 @@ class Trainer:
             group["lr"] = lr
         if self.cfg.anneal_clip:
             self.loss_cfg.clip_coef.fill_(self.current_clip_coef())
-        with self.timer.section("update"):
+        with self.timer.section("update"), skip_guards(self._warm_compiled()):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
             compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
             sync = self._sync_grads if self.dist.enabled else None

@@ -7,6 +7,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import fastrl.amp as amp
+import fastrl.rollout
 from fastrl.amp import CompiledOrEager, autocast_factory, grad_scaler, resolve_compile
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
@@ -96,6 +97,7 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     """Dynamo's guards are what decide recompiles, so the cheap aot_eager backend stands in for inductor here;
     the learning rate changes every iteration and must not trigger one."""
     real_compile = torch.compile
+    monkeypatch.setattr(fastrl.rollout, "SKIP_GUARDS", False)  # guards on: a needed recompile must show
     monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
@@ -105,7 +107,7 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     trainer.collect()
     trainer.update()  # warm-up
     # the update runs as one compiled step (forward, loss, gradient, clip, optimizer math); loss_fn is unused then
-    assert trainer.policy_step.compiled and trainer.step_fn.compiled and trainer.bootstrap_value.compiled
+    assert trainer.rollout_step.compiled and trainer.step_fn.compiled and trainer.bootstrap_value.compiled
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 3
     lrs = set()
