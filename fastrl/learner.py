@@ -133,6 +133,10 @@ class CompiledUpdate:
         self.ent_coef = torch.zeros((), dtype=torch.float32, device=self.device)
         self._filled: dict = {}
         self.sync_grads = sync_grads
+        # CUDA graphs (reduce-overhead) replay fixed addresses: parameters and optimizer state, which the step updates
+        # in place, are marked static so the graph may mutate them (a replaced state tensor, after a rollback's
+        # load_state_dict, is marked when first seen).
+        self._static_ids: set | None = set() if mode == "reduce-overhead" and self.device.type == "cuda" else None
         name = f"the {algo} gradient step"
         if sync_grads is None:
             self._step = CompiledOrEager(self._fused_step, mode, name, fullgraph=True)
@@ -152,6 +156,8 @@ class CompiledUpdate:
         self._fill(self.clip_coef, "clip_coef", getattr(self.cfg, "clip_coef", 0.0))
         self._fill(self.ent_coef, "ent_coef", self.cfg.ent_coef)
         state = self._state_lists()
+        if self._static_ids is not None:
+            self._mark_static(self.params, *state)
         with torch.no_grad():  # the writes are to leaves; torch.func.grad differentiates regardless
             if self.sync_grads is None:
                 return self._step(self.params, state, self.lr, self.clip_coef, self.ent_coef, *loss_inputs)
@@ -159,6 +165,13 @@ class CompiledUpdate:
             self.sync_grads(flat_grad)
             grad_norm, nonfinite = self._apply_part(self.params, state, self.lr, flat_grad, loss)
         return {**stats, "grad_norm": grad_norm}, nonfinite
+
+    def _mark_static(self, *tensor_lists) -> None:
+        for tensors in tensor_lists:
+            for tensor in tensors:
+                if id(tensor) not in self._static_ids:
+                    torch._dynamo.mark_static_address(tensor)
+                    self._static_ids.add(id(tensor))
 
     def _fill(self, tensor: torch.Tensor, key: str, value) -> None:
         if isinstance(value, torch.Tensor):

@@ -30,7 +30,7 @@ from fastrl.envs import make_env
 from fastrl.learner import CompiledUpdate
 from fastrl.models import make_agent
 from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
-from fastrl.rollout import CompiledRolloutStep, skip_guards
+from fastrl.rollout import CompiledRolloutStep, has_fused_step, skip_guards
 
 
 def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
@@ -142,8 +142,15 @@ class Trainer:
             cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.device.type,
             self.n_envs * cfg.n_steps // (1 if cfg.algo == "a2c" else cfg.n_minibatches), cfg.clip_vloss,
             cfg.norm_adv, cfg.max_grad_norm > 0, cfg.optimizer, self.dist.enabled)).encode()).hexdigest()[:16]
-        self.compile_mode, self.update_compile_mode = compile_plan(cfg.compile, self.device, gradient_steps,
-                                                                   self.compile_key)
+        # And what the rollout step's graph depends on (fastrl/rollout.py), env included when it is fused in.
+        fused = self.env_mode == "sync" and has_fused_step(self.env)
+        self.rollout_compile_key = hashlib.sha1(repr((
+            "rollout", self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
+            cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.n_envs,
+            cfg.env if fused else None)).encode()).hexdigest()[:16]
+        self.compile_mode, self.update_compile_mode = compile_plan(
+            cfg.compile, self.device, gradient_steps, self.compile_key, rollout_steps=self.n_iterations * cfg.n_steps,
+            rollout_key=self.rollout_compile_key, fused_rollout=fused)
         autocast = self.autocast
 
         def policy_step(obs):
@@ -168,7 +175,9 @@ class Trainer:
 
         mode = self.compile_mode
         self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
-        self.bootstrap_value = maybe_compile(bootstrap_value, mode, "the bootstrap value forward")
+        # Once per rollout: on CPU the eager forward costs less than compiling it.
+        self.bootstrap_value = maybe_compile(bootstrap_value, mode if self.device.type == "cuda" else "off",
+                                             "the bootstrap value forward")
         self.loss_fn = maybe_compile(loss_fn, mode, f"the {cfg.algo} loss")
         # Compiled: the whole gradient step (forward, loss, gradient, clip, optimizer math) as one graph.
         self.step_fn = None
@@ -279,6 +288,8 @@ class Trainer:
             self.step_fn = None  # compiling failed: today's eager step beats the functional code run eagerly
         elif self.step_fn is not None and self.iteration == 0:
             mark_compiled(self.compile_key)
+        if self.rollout_step is not None and self.rollout_step.compiled and self.iteration == 0:
+            mark_compiled(self.rollout_compile_key)
         metrics["charts/learning_rate"] = lr
         if self.cfg.anneal_clip:
             metrics["charts/clip_coef"] = self.current_clip_coef()

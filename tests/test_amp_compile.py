@@ -41,7 +41,7 @@ def test_amp_resolution():
     with pytest.raises(ValueError, match="bf16"):
         autocast_factory(cpu, "fp16")
     assert resolve_compile("auto", cpu) == "off"
-    assert resolve_compile("auto", torch.device("cuda")) == "default"
+    assert resolve_compile("auto", torch.device("cuda")) == "reduce-overhead"  # CUDA graphs
 
 
 def test_bf16_matches_eager_and_keeps_loss_and_grads_float32():
@@ -107,9 +107,9 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     trainer.collect()
     trainer.update()  # warm-up
     # the update runs as one compiled step (forward, loss, gradient, clip, optimizer math); loss_fn is unused then
-    assert trainer.rollout_step.compiled and trainer.step_fn.compiled and trainer.bootstrap_value.compiled
+    assert trainer.rollout_step.compiled and trainer.step_fn.compiled  # the bootstrap forward stays eager on CPU
     graphs = counters["stats"]["unique_graphs"]
-    assert graphs >= 3
+    assert graphs >= 2
     lrs = set()
     for _ in range(3):
         trainer.collect()
