@@ -83,7 +83,9 @@ class Config:
     torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = auto: 1, as the env workers share the cores)")
     deterministic: bool = _f(False, "use deterministic torch algorithms (slower)")
     # --- environment ---
-    env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium", ("auto", "envpool", "gymnasium"))
+    env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium, torch (a "
+                                  "torch-native CartPole, stepped inside the compiled rollout)",
+                          ("auto", "envpool", "gymnasium", "torch"))
     env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
     env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "
                                "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
@@ -109,8 +111,9 @@ class Config:
                       ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn"))
     amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
                   ("off", "bf16", "fp16"))
-    compile: str = _f("auto", "torch.compile the rollout forward and the loss: auto (default on CUDA, off on CPU), off, "
-                      "default, max-autotune, reduce-overhead (CUDA graphs on CUDA)",
+    compile: str = _f("auto", "torch.compile the rollout step and the gradient step: auto (CUDA graphs on CUDA; on CPU each "
+                      "when the run is long enough to repay its compile), off, default, max-autotune, reduce-overhead "
+                      "(CUDA graphs on CUDA)",
                       ("auto", "off", "default", "max-autotune", "reduce-overhead"))
     # --- optimisation (shared by the algorithms) ---
     n_steps: int = _f(32, "rollout length T per env per iteration")
@@ -224,6 +227,9 @@ class Config:
         if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
             raise UserError("env_mode=async does not support normalize_obs/normalize_reward yet (their statistics would "
                             "depend on the order env groups arrive in): use --env-mode sync, or drop the normalization")
+        if self.env_mode == "async" and self.env_backend == "torch":
+            raise UserError("env_mode=async needs EnvPool, and env_backend torch steps its envs as tensors: use "
+                            "--env-mode sync, or --env-backend auto")
         if self.lr_floor > self.lr:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
         if self.algo in ACTOR_LEARNER_ALGOS:

@@ -1,6 +1,7 @@
-"""One batched environment interface over EnvPool (sync) and Gymnasium's subprocess vector env.
+"""One batched environment interface over EnvPool (sync), Gymnasium's subprocess vector env and torch-native envs
+(``env_backend: torch``, see ``fastrl.torch_envs``).
 
-Conventions shared by both backends:
+Conventions shared by every backend:
 - ``step(action)`` returns CPU tensors ``observation [N, *obs_shape]`` (native dtype; float64 becomes
   float32), ``reward [N] float32``, ``terminated [N] bool``, ``truncated [N] bool`` and ``valid [N] bool``.
 - An env whose episode ended on step t auto-resets on step t+1: that step's action is ignored, its
@@ -8,7 +9,7 @@ Conventions shared by both backends:
   those reset steps; they must be masked out of every loss and statistic.
 - The observation returned on the step that ends an episode is the episode's real final observation,
   so a truncated episode can be bootstrapped from it.
-- Env i of a batch built with ``seed`` is seeded ``seed + i``.
+- Env i of a batch built with ``seed`` is seeded ``seed + i`` (the torch backend: one generator seeded ``seed``).
 
 Pixel tasks (EnvPool): Atari ``*-v5`` observations are uint8 ``[N, frame_stack, 84, 84]`` (grayscale, frame
 skip, no-op starts, optional episodic life and reward clipping, all in C++). With episodic life a lost life is a
@@ -280,7 +281,12 @@ def env_identity(env_id: str):
 def resolve_backend(env_id: str, backend: str = "auto") -> str:
     """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids.
 
-    A class or factory (see ``resolve_env``) runs on the Gymnasium vector env."""
+    A class or factory (see ``resolve_env``) runs on the Gymnasium vector env. ``torch`` takes the ids of
+    ``fastrl.torch_envs.TORCH_ENV_IDS`` only; ``auto`` never picks it."""
+    if backend == "torch":
+        from fastrl.torch_envs import resolve_torch_env
+        resolve_torch_env(env_id)
+        return "torch"
     env_id, factory = resolve_env(env_id)
     if factory is not None:
         if backend == "envpool":
@@ -316,7 +322,16 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 class BatchedEnv:
-    """``n_envs`` environments stepped as one batch. See the module docstring for the step contract."""
+    """``n_envs`` environments stepped as one batch. See the module docstring for the step contract.
+
+    ``backend="torch"`` builds a ``fastrl.torch_envs.TorchCartPoleEnv`` (same interface, tensors all the way)."""
+
+    def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
+                env_kwargs: dict | None = None):
+        if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
+            from fastrl.torch_envs import TorchCartPoleEnv
+            return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs)
+        return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
                  env_kwargs: dict | None = None):
