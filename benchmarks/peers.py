@@ -31,8 +31,10 @@ running sum of its ``time/collect_s + time/update_s`` sections (model constructi
 CartPole-v1 keys (``ZOO_PPO_CARTPOLE``: 8 envs x 32 steps, minibatch 256, 20 epochs, gamma 0.98, lambda 0.8, lr
 lin_0.001, clip lin_0.2, 1e5 steps; SB3's defaults otherwise: no value clipping, vf_coef 0.5, max_grad_norm 0.5, 64-64
 tanh, Adam eps 1e-5), and fastrl with the same terms (``fastrl_from_sb3``: clip_vloss false, anneal_clip, lr_floor 0,
-vf_coef 1.0 for SB3's 0.5 x MSE). Libs ``sb3``, ``fastrl`` (compile off) and ``fastrl[compiled]`` (compile default,
-its inductor cache warmed by one untimed run), per seed in one process, the order alternating. Stop rule: the mean
+vf_coef 1.0 for SB3's 0.5 x MSE). Libs ``sb3``, ``fastrl`` (compile off), ``fastrl[compiled]`` (compile default: the
+gradient step and the rollout step compiled, the env step EnvPool's) and ``fastrl[torch-env]`` (compile default with
+env_backend torch: the torch-native CartPole stepped inside the compiled rollout graph, as rejax steps gymnax's), their
+inductor caches warmed by one untimed run each, per seed in one process, the order alternating. Stop rule: the mean
 return of the last 100 episodes >= 475, checked after every update on both sides. Medians of env steps and training
 seconds to 475, steps/s (fastrl also after its first iteration, which holds any compiling).
 ``sb3-default``: ``PPO("MlpPolicy", env)`` as it comes (``SB3_PPO_DEFAULTS``: 1 env, n_steps 2048, minibatch 64, 10
@@ -406,7 +408,11 @@ SB3_PPO_DEFAULTS = dict(n_envs=1, learning_rate=3e-4, n_steps=2048, batch_size=6
                         vf_coef=0.5, max_grad_norm=0.5, net_arch=[64, 64], activation="tanh", ortho_init=True,
                         adam_eps=1e-5)
 SB3_DEFAULT_BUDGET = {"full": 40_960, "quick": 4_096}  # a steps/s part: 20 (quick: 2) rollouts of 2048 steps
-COMPILE_LIBS = {"fastrl": "off", "fastrl[compiled]": "default", "fastrl[default]": "off"}  # lib -> its `compile`
+COMPILE_LIBS = {"fastrl": "off", "fastrl[compiled]": "default", "fastrl[torch-env]": "default",
+                "fastrl[default]": "off"}  # lib -> its `compile`
+# lib -> further config keys: fastrl[torch-env] steps the torch-native CartPole inside its compiled rollout graph (as
+# gymnax's CartPole runs inside rejax's jitted loop); every other lib steps EnvPool.
+LIB_EXTRA = {"fastrl[torch-env]": {"env_backend": "torch"}}
 # sb3-zoo's "fastrl[default]": the embedded default command itself (python -m fastrl.train), beside SB3 in one run.
 DEFAULT_BUDGET = 250_000
 SPEED_PARTS = ["sb3-zoo", "sb3-default", "rejax"]
@@ -485,12 +491,16 @@ def sb3_native(part: str, seed: int):
     return PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0, **kwargs)
 
 
-def warm_compile_cache(overrides: dict, threads: int) -> None:
-    """One untimed two-iteration run with ``compile default``: the update graph lands in the on-disk inductor cache,
-    as a user's second run finds it (the cold compile is benchmarks/learner.py's figure)."""
+def warm_compile_cache(overrides: dict, threads: int, libs=("fastrl[compiled]",)) -> None:
+    """One untimed two-iteration run per compiled lib with ``compile default``: the update and rollout graphs land in
+    the on-disk inductor cache, as a user's second run finds them (the cold compile is benchmarks/learner.py's
+    figure)."""
     batch = overrides["n_envs"] * overrides["n_steps"]
-    print("[peers] warming the compile cache (untimed)", file=sys.stderr, flush=True)
-    run_fastrl(fastrl_config(overrides, 0, 2 * batch, threads, "default", progress=False))
+    for lib in libs:
+        if COMPILE_LIBS.get(lib) != "default":
+            continue
+        print(f"[peers] warming the compile cache for {lib} (untimed)", file=sys.stderr, flush=True)
+        run_fastrl(fastrl_config(overrides, 0, 2 * batch, threads, "default", progress=False, **LIB_EXTRA.get(lib, {})))
 
 
 def steady_sps(curve: list):
@@ -513,15 +523,15 @@ def bench_sb3(part: str, seeds: int, threads: int, libs: list, budget: int, prog
              "runs": {}, "skipped": {}}
     if "sb3" in libs and (why := sb3_unavailable("CartPole-v1")):
         entry["skipped"]["sb3"] = why
-    if "fastrl[compiled]" in libs:
-        warm_compile_cache(overrides, threads)
+    warm_compile_cache(overrides, threads, libs)
     for seed in range(1, seeds + 1):
         for lib in (libs if seed % 2 else libs[::-1]):
             if lib in entry["skipped"]:
                 continue
             print(f"[{part}] {lib} seed {seed} (budget {budget:,} steps"
                   f"{'' if threshold is None else f', stop at {threshold:g}'})", file=sys.stderr, flush=True)
-            cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS.get(lib, "off"), threshold, progress)
+            cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS.get(lib, "off"), threshold, progress,
+                                **LIB_EXTRA.get(lib, {}))
             if lib == "fastrl[default]":  # `python -m fastrl.train` as is: its own settings and budget, eager as on a
                 cfg = fastrl_config({}, seed, DEFAULT_BUDGET, threads, "off", threshold, progress)  # fresh machine
             if lib == "sb3":
@@ -720,13 +730,13 @@ def bench_rejax(seeds: int, threads: int, libs: list, budget: int, progress: boo
     if "rejax" in libs and "rejax" not in entry["skipped"]:
         print("[rejax] compiling rejax PPO (with and without evaluation)", file=sys.stderr, flush=True)
         entry["runs"]["rejax"] = run_rejax(config, seeds, threshold)
-    if "fastrl[compiled]" in libs:
-        warm_compile_cache(overrides, threads)
+    warm_compile_cache(overrides, threads, libs)
     for seed in range(1, seeds + 1):
         for lib in (lib for lib in libs if lib in COMPILE_LIBS and lib != "fastrl[default]"):
             print(f"[rejax] {lib} seed {seed} (budget {budget:,} steps, evaluation every {config['eval_freq']} steps)",
                   file=sys.stderr, flush=True)
-            cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS[lib], progress=progress)
+            cfg = fastrl_config(overrides, seed, budget, threads, COMPILE_LIBS[lib], progress=progress,
+                                **LIB_EXTRA.get(lib, {}))
             run = run_fastrl_rejax(cfg, config["eval_freq"], REJAX_EVAL_EPISODES, threshold)
             run.update(lib=lib, torch_threads=torch.get_num_threads())
             entry["runs"].setdefault(lib, []).append(run)
@@ -866,7 +876,8 @@ def main(argv=None) -> int:
         print(f"\nwrote {path}")
     for part in speed_parts:
         started = time.perf_counter()
-        libs = ["rejax" if part == "rejax" else "sb3", "fastrl"] + ([] if args.no_compiled else ["fastrl[compiled]"])
+        libs = ["rejax" if part == "rejax" else "sb3", "fastrl"] + (
+            [] if args.no_compiled else ["fastrl[compiled]", "fastrl[torch-env]"])
         if part == "sb3-zoo" and profile == "full" and not args.max_steps:  # the default at its own 250k budget
             libs.append("fastrl[default]")
         budget = SPEED_BUDGETS[part][profile]
