@@ -111,17 +111,23 @@ def contenders(model: str, batch_size: int, device: torch.device, mode: str):
     if mode != "off" and not update.compiled:
         print(f"warning: {model} at {batch_size} fell back to eager; the compiled column times the eager "
               "functional step", file=sys.stderr)
-    return {"eager": eager, "compiled": lambda batch: update(*batch)}, minibatches, first_call_s, update.compiled
+    return ({"eager": eager, "compiled": lambda batch: update(*batch), "compiled_no_guards": lambda batch: update(*batch)},
+            minibatches, first_call_s, update.compiled)
 
 
-def timed_block(step, minibatches, steps: int, device: torch.device):
+def timed_block(step, minibatches, steps: int, device: torch.device, skip_guards: bool = False):
+    """``skip_guards``: the block runs in the stance the trainers' hot loops use from their second iteration on
+    (``fastrl.rollout.skip_guards``: compiled functions skip guard evaluation)."""
+    from fastrl.rollout import skip_guards as stance
+
     def run() -> float:
         sync(device)
-        start = time.perf_counter()
-        for i in range(steps):
-            step(minibatches[i % len(minibatches)])
-        sync(device)
-        return (time.perf_counter() - start) / steps
+        with stance(skip_guards):
+            start = time.perf_counter()
+            for i in range(steps):
+                step(minibatches[i % len(minibatches)])
+            sync(device)
+            return (time.perf_counter() - start) / steps
     return run
 
 
@@ -134,15 +140,19 @@ def bench_case(name: str, device: torch.device, repeats: int, block_s: float, mo
     sync(device)
     probe = timed_block(steps_fns["eager"], minibatches, 3, device)()
     steps = max(1, int(block_s / max(probe, 1e-6)))
-    samples = interleaved({k: timed_block(fn, minibatches, steps, device) for k, fn in steps_fns.items()}, repeats)
+    samples = interleaved({k: timed_block(fn, minibatches, steps, device, skip_guards=k == "compiled_no_guards")
+                           for k, fn in steps_fns.items()}, repeats)
     us = {k: [s * 1e6 for s in v] for k, v in samples.items()}
     row = {"case": name, "model": model, "minibatch": batch_size, "steps_per_sample": steps, "repeats": repeats,
            "eager_us": statistics.median(us["eager"]), "compiled_us": statistics.median(us["compiled"]),
+           "compiled_no_guards_us": statistics.median(us["compiled_no_guards"]),
            "samples_us": us, "compiled": compiled, "first_call_in_process_s": first_call_s,
            "load_average_after": load_average()}
     row["speedup"] = row["eager_us"] / row["compiled_us"]
+    row["speedup_no_guards"] = row["eager_us"] / row["compiled_no_guards_us"]
     print(f"{name}: eager {row['eager_us']:,.0f} µs, compiled {row['compiled_us']:,.0f} µs "
-          f"({row['speedup']:.2f}x; {steps} steps x {repeats}; load {row['load_average_after']})", flush=True)
+          f"({row['speedup']:.2f}x), guards skipped {row['compiled_no_guards_us']:,.0f} µs "
+          f"({row['speedup_no_guards']:.2f}x; {steps} steps x {repeats}; load {row['load_average_after']})", flush=True)
     return row
 
 

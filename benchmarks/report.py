@@ -24,7 +24,8 @@ from benchmarks.common import RESULTS_DIR, markdown_table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
-         "rollout_sps", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve", "population")
+         "rollout_sps", "rollout_step", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve",
+         "population")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -178,6 +179,15 @@ def ddp_section(report: dict) -> list:
             markdown_table(["ranks", "steps/s (median)", "scaling efficiency", "all-reduce share of update"], rows)]
 
 
+def rollout_step_section(report: dict) -> list:
+    from benchmarks.rollout_step import rollout_step_table
+    return [f"One rollout step (policy forward, sampling, env step, buffer writes) on CartPole-v1, µs per step: eager, "
+            f"compiled with EnvPool's step outside the graph (what fastrl runs), inside it as a `torch.library` custom "
+            f"op, and the torch-native env eager and fused into the graph. `python -m benchmarks.rollout_step`, median "
+            f"of {report.get('repeats', '?')} interleaved {report['results'][0]['steps']}-step collects. "
+            f"({_when(report)})", "", rollout_step_table(report)]
+
+
 def impala_section(report: dict) -> list:
     rows = [[r["n_actors"], r["sync_interval"], r["actor_steps_per_s"], r["learner_samples_per_s"],
              f"{r['policy_lag_mean']:.2f}", f"{100 * r['learner_wait_frac']:.0f}%"] for r in report["results"]]
@@ -188,10 +198,14 @@ def impala_section(report: dict) -> list:
 
 def learner_section(report: dict) -> list:
     rows = [[r["case"], r["minibatch"], r["eager_us"], r["compiled_us"], f"{r['speedup']:.2f}x",
+             r.get("compiled_no_guards_us"),
+             f"{r['speedup_no_guards']:.2f}x" if r.get("speedup_no_guards") else "-",
              (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
-    lines = [f"One PPO gradient step, eager against the compiled step (`fastrl/learner.py`), "
+    lines = [f"One PPO gradient step, eager against the compiled step (`fastrl/learner.py`), with guard evaluation and "
+             f"with guards skipped (the stance the trainers run in from their second iteration), "
              f"`python -m benchmarks.learner`, median of {report.get('repeats', '?')} samples. ({_when(report)})", "",
-             markdown_table(["case", "minibatch", "eager µs", "compiled µs", "speed-up", "load (1 min)"], rows)]
+             markdown_table(["case", "minibatch", "eager µs", "compiled µs", "speed-up", "compiled, no guards µs",
+                             "speed-up", "load (1 min)"], rows)]
     if report.get("compile"):
         rows = [[c["case"], c["cold_s"], c["warm_s"], c["cold_process_s"], c["warm_process_s"]] for c in report["compile"]]
         lines += ["", "Compile time of the step: a cold and a warm inductor cache.", "",
@@ -236,6 +250,7 @@ SECTIONS = {  # part -> (heading, builder)
     "envs_sps": ("Environment throughput", envs_section),
     "train_sps": ("End to end", train_sps_section),
     "rollout_sps": ("Rollout (Atari)", rollout_section),
+    "rollout_step": ("The rollout step: eager, compiled, env inside or outside the graph", rollout_step_section),
     "kernels": ("Kernels", kernels_section),
     "ddp_scaling": ("Data-parallel scaling", ddp_section),
     "impala_sps": ("IMPALA", impala_section),

@@ -4,6 +4,7 @@ Parts, each one script writing JSON under ``benchmarks/results/<machine-tag>/``:
   envs        raw env steps/s, EnvPool against Gymnasium vector envs        benchmarks/envs_sps.py
   kernels     GAE / V-trace against loops, TorchRL and the memory-copy limit  benchmarks/kernels.py
   rollout     collect() sync/async against raw EnvPool sync/async; end to end  benchmarks/rollout_sps.py
+              one rollout step eager / compiled / env op / fused torch env     benchmarks/rollout_step.py
   end-to-end  PPO training steps/s against SB3; DDP scaling over 1-2 ranks     benchmarks/train_sps.py, ddp_scaling.py
   peers       learning curves and time to threshold, fastrl against SB3        benchmarks/peers.py --part peers
   learning    fastrl at the zoo's step budgets beside the zoo's scores         benchmarks/peers.py --part learning
@@ -29,7 +30,7 @@ import traceback
 PARTS = {
     "envs": [("benchmarks.envs_sps", [])],
     "kernels": [("benchmarks.kernels", [])],
-    "rollout": [("benchmarks.rollout_sps", [])],
+    "rollout": [("benchmarks.rollout_sps", []), ("benchmarks.rollout_step", [])],
     "end-to-end": [("benchmarks.train_sps", []), ("benchmarks.ddp_scaling", [])],
     "peers": [("benchmarks.peers", ["--part", "peers"])],
     "learning": [("benchmarks.peers", ["--part", "learning"])],

@@ -343,6 +343,20 @@ def test_rollout_sps_tiny(tmp_path):
     report.rollout_section({"rollout": rows})  # the report still reads the rows
 
 
+def test_rollout_step_tiny(tmp_path):
+    """A dry run of the rollout-step benchmark with its uncompiled contenders (2 envs, 4 steps, 1 round): µs per step
+    for each, ratios over eager, and the table the report prints."""
+    from benchmarks import rollout_step
+    out = tmp_path / "rollout_step.json"
+    assert rollout_step.main(["--n-envs", "2", "--steps", "4", "--repeats", "1", "--contenders", "torch-env-eager",
+                              "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (row,) = data["results"]
+    assert set(row["us_per_step"]) == {"eager", "torch-env-eager"} and all(v > 0 for v in row["us_per_step"].values())
+    assert row["speedup_over_eager"]["eager"] == 1.0
+    assert "torch-env-eager / eager" in report.rollout_step_section(data)[-1]
+
+
 # ---------------------------------------------------------------------------------------------- gpu_profile.py
 def test_gpu_profile_dry_run(tmp_path):
     """``fastrl bench --profile gpu --dry-run``'s code on CPU, with the Triton kernels interpreted (TRITON_INTERPRET=1
