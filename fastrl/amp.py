@@ -130,7 +130,9 @@ class CompiledOrEager:
     def __init__(self, fn, mode: str, name: str, fullgraph: bool = False):
         self.eager, self.name = fn, name
         self.compiled = mode != "off"
-        options = {"fullgraph": True} if fullgraph else {}
+        # dynamic=False: every shape here is fixed for a run, and a second trainer in the same process (another
+        # n_envs, another minibatch) gets its own static graph instead of turning the shared code dynamic.
+        options = {"fullgraph": True, "dynamic": False} if fullgraph else {"dynamic": False}
         self.fn = torch.compile(fn, mode=mode, **options) if self.compiled else fn
         if self.compiled:
             _prime_tensordict_memo()

@@ -204,42 +204,19 @@ class Trainer:
     def _collect(self) -> None:
         if self.async_collector is not None:
             return self.async_collector.collect()
-        if self.rollout_step is not None:
-            return self._collect_compiled()
-        policy_step, env, device = self.policy_step, self.env, self.device
-        obs = self.next_obs
-        for t in range(self.cfg.n_steps):
-            with self.timer.section("policy"):
-                action, logp, _, value = policy_step(obs.to(device, non_blocking=True))
-                self._obs[t].copy_(obs)
-                self._action[t].copy_(action)
-                self._logp[t].copy_(logp)
-                self._value[t].copy_(value)
-                action_cpu = action.cpu()
-            with self.timer.section("env"):
-                step = env.step(action_cpu)
-            self._reward[t].copy_(step.reward)
-            self._terminated[t].copy_(step.terminated)
-            self._truncated[t].copy_(step.truncated)
-            self._done[t].copy_(step.done)
-            self._valid[t].copy_(step.valid)
-            obs = step.observation
-        self._finish_rollout(obs)
-
-    def _collect_compiled(self) -> None:
-        """The CPU loop over ``CompiledRolloutStep``: one compiled call per step, plus the env step outside the graph
-        unless the env is fused into it."""
         rollout_step, env, n_steps = self.rollout_step, self.env, self.cfg.n_steps
         obs = self.next_obs
-        if rollout_step.fused:
+        if rollout_step is not None and rollout_step.fused:  # the env step is inside the compiled graph
             with self.timer.section("policy_env"):
                 for t in range(n_steps):
                     obs = rollout_step(obs, t)
                 rollout_step.finish(n_steps)
             return self._finish_rollout(obs)
+        # CPU, compiled: CompiledRolloutStep (forward, sampling and writes in one graph); else the eager forward.
+        act = rollout_step if rollout_step is not None else self._act_eager
         for t in range(n_steps):
             with self.timer.section("policy"):
-                action = rollout_step(obs, t)
+                action = act(obs, t)
             with self.timer.section("env"):
                 step = env.step(action)
             self._reward[t].copy_(step.reward)
@@ -249,6 +226,15 @@ class Trainer:
             self._valid[t].copy_(step.valid)
             obs = step.observation
         self._finish_rollout(obs)
+
+    def _act_eager(self, obs: torch.Tensor, t: int) -> torch.Tensor:
+        """The policy forward (``policy_step``: compiled on CUDA) and row ``t``'s writes; the action on the CPU."""
+        action, logp, _, value = self.policy_step(obs.to(self.device, non_blocking=True))
+        self._obs[t].copy_(obs)
+        self._action[t].copy_(action)
+        self._logp[t].copy_(logp)
+        self._value[t].copy_(value)
+        return action.cpu()
 
     def _finish_rollout(self, obs: torch.Tensor) -> None:
         with self.timer.section("policy"):

@@ -78,7 +78,7 @@ def test_compiled_loss_matches_eager():
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
-    def broken(fn, mode=None):
+    def broken(fn, mode=None, **options):
         def call(*args):
             raise RuntimeError("inductor exploded")
         return call

@@ -61,8 +61,8 @@ def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
 
 def test_compiled_step_follows_the_schedule_without_recompiling(monkeypatch):
     real_compile = torch.compile  # dynamo's guards and graph capture, with the cheap aot_eager backend
-    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, fullgraph=False: real_compile(
-        fn, backend="aot_eager", fullgraph=fullgraph))
+    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
+        fn, backend="aot_eager", fullgraph=fullgraph, dynamic=dynamic))
     trainer = _trainer(anneal_clip=True, compile="default")
     try:
         trainer.collect()

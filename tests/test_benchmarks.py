@@ -354,7 +354,7 @@ def test_rollout_step_tiny(tmp_path):
     (row,) = data["results"]
     assert set(row["us_per_step"]) == {"eager", "torch-env-eager"} and all(v > 0 for v in row["us_per_step"].values())
     assert row["speedup_over_eager"]["eager"] == 1.0
-    assert "torch-env-eager / eager" in report.rollout_step_section(data)[-1]
+    assert "torch-env-eager speed-up" in report.rollout_step_section(data)[-1]
 
 
 # ---------------------------------------------------------------------------------------------- gpu_profile.py

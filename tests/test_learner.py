@@ -100,8 +100,8 @@ def _assert_same_stats(stats, eager_stats, **tol):
 def _no_inductor(monkeypatch):
     """Dynamo (guards, graph capture) with the cheap aot_eager backend: for tests about recompiles, not codegen."""
     real_compile = torch.compile
-    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, fullgraph=False: real_compile(
-        fn, backend="aot_eager", fullgraph=fullgraph))
+    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
+        fn, backend="aot_eager", fullgraph=fullgraph, dynamic=dynamic))
 
 
 @pytest.mark.parametrize("mode", ["off", "default"])
