@@ -67,8 +67,10 @@ class _MixedRecv:
 
 
 def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=None):
+    # compile off: the sync loop then runs the policy_step swapped in below (a compiled rollout step, which compile
+    # auto may choose once its graph is in the cache, calls the agent itself).
     cfg = make_config(dict(env=env_id, n_envs=n_envs, n_steps=n_steps, n_minibatches=1, env_mode=mode, seed=3,
-                           env_threads=2, **QUIET, **(extra or {})))
+                           env_threads=2, compile="off", **QUIET, **(extra or {})))
     trainer = Trainer(cfg)
     try:
         assert trainer.env_mode == mode
