@@ -62,8 +62,13 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device]:
     return info, device
 
 
-def cleanup() -> None:
+def cleanup(finished: bool = False) -> None:
+    """Destroy the process group. ``finished``: the run ended normally on every rank, so the ranks first meet at a
+    barrier and tear gloo down together (a rank that destroyed its group and exited while rank 0 still wrote its
+    summary and plot was seen to abort in C++ teardown); after an error no barrier, which could wait forever."""
     if dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -72,6 +72,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
     from fastrl.rundir import agree_run_dir, restart_count, rewind_logs
     check_run(cfg)  # every combination of flags, env and device, before any work starts
     dist_info, device = distributed.setup(cfg.device)
+    finished = False
     try:
         run_dir = agree_run_dir(cfg, dist_info)
         if resume_state is None and restart_count() > 0 and list_checkpoints(run_dir / "checkpoints"):
@@ -81,9 +82,11 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
             trainer.load_state_dict(resume_state)
             if dist_info.is_main:
                 rewind_logs(run_dir, trainer.global_step)
-        return run_loop(trainer, run_dir, dist_info, callbacks)
+        summary = run_loop(trainer, run_dir, dist_info, callbacks)
+        finished = True
+        return summary
     finally:
-        distributed.cleanup()
+        distributed.cleanup(finished)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
