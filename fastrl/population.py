@@ -48,6 +48,7 @@ from fastrl.guards import RollbackGuard
 from fastrl.learner import CompiledUpdate, _parameter_slots
 from fastrl.models import make_agent
 from fastrl.ppo import LOSS_KEYS, compute_advantages, explained_variance
+from fastrl.rollout import sampling_noise
 from fastrl.trainer import Timer, env_seed, set_torch_threads
 
 __all__ = ["VARY_KEYS", "PopulationTrainer", "member_configs", "aggregate", "interquartile_mean"]
@@ -229,9 +230,8 @@ class PopulationTrainer:
         self.buffer = make_rollout_buffer(cfg.n_steps, k * n, self.env.observation_shape, self.env.observation_dtype,
                                           self.env.action_spec, self.device)
         spec = self.env.action_spec
-        width = spec.n if spec.kind == "discrete" else math.prod(spec.shape)
+        width, self._draw = sampling_noise(spec)
         self.noise = torch.empty(k, n, width)
-        self._draw = torch.rand if spec.kind == "discrete" else torch.randn
         # As the single run: sample_generator seeded seed*7919 (rank 0), action sampling from torch seeded seed*31.
         self.sample_generators = [torch.Generator(device=self.device) for _ in self.members]
         self.action_generators = [torch.Generator() for _ in self.members]

@@ -31,9 +31,12 @@ import torch
 from fastrl.amp import CompiledOrEager
 
 
-def noise_width(action_spec) -> int:
-    """Columns of the per-step sampling noise: the number of actions (discrete) or action dims (continuous)."""
-    return action_spec.n if action_spec.kind == "discrete" else math.prod(action_spec.shape)
+def sampling_noise(action_spec):
+    """``(width, draw)``: the per-step sampling noise has ``width`` columns (the number of actions, discrete, or of
+    action dims, continuous) and is drawn with ``draw`` (``torch.rand``: U(0, 1) for Gumbel-max; ``torch.randn``)."""
+    if action_spec.kind == "discrete":
+        return action_spec.n, torch.rand
+    return math.prod(action_spec.shape), torch.randn
 
 
 # Tests turn this off to check that the hot loops never need a recompile (what makes skipping the guards safe).
@@ -62,15 +65,14 @@ class CompiledRolloutStep:
     """One compiled rollout step writing into ``views`` (``fastrl.async_collect.RolloutViews`` of the buffer).
 
     ``env``: given (and ``has_fused_step(env)``), the env step is fused into the graph (see the module docstring).
-    ``mode``: a ``torch.compile`` mode, or ``"off"`` (the same function, eagerly: what the tests compare against).
+    ``mode``: a ``torch.compile`` mode, or ``"off"`` (the same function, run eagerly).
     """
 
     def __init__(self, agent, views, action_spec, autocast, mode: str, env=None):
         self.agent, self.views, self.autocast = agent, views, autocast
         n_steps, n_envs = views.action.shape[:2]
-        self.n_envs = n_envs
-        self.noise_shape = (n_envs, noise_width(action_spec))
-        self._draw = torch.rand if action_spec.kind == "discrete" else torch.randn
+        width, self._draw = sampling_noise(action_spec)
+        self.noise_shape = (n_envs, width)
         self.fused = env is not None and has_fused_step(env)
         v = views
         if self.fused:
@@ -84,7 +86,7 @@ class CompiledRolloutStep:
         else:
             self.rows = [(v.observation[t], v.action[t], v.sample_log_prob[t], v.state_value[t])
                          for t in range(n_steps)]
-            self.fn = CompiledOrEager(self._policy_step, mode, "the rollout step", fullgraph=True)
+            self.fn = CompiledOrEager(self._act, mode, "the rollout step", fullgraph=True)
 
     @property
     def compiled(self) -> bool:
@@ -119,9 +121,6 @@ class CompiledRolloutStep:
         row_logp.copy_(logp)
         row_value.copy_(value)
         return action
-
-    def _policy_step(self, obs, noise, row_obs, row_action, row_logp, row_value):
-        return self._act(obs, noise, row_obs, row_action, row_logp, row_value)
 
     def _fused_step(self, obs, noise, reset_uniform, physics, elapsed, prev_done, running_return, running_length,
                     row_obs, row_action, row_logp, row_value, row_reward, row_done, row_terminated, row_truncated,

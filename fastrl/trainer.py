@@ -41,6 +41,11 @@ def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
     return ((run_seed + rank * 10_007) * n_envs) % (2**31 - 1)
 
 
+def _graph_key(*parts) -> str:
+    """A short hash of what a compiled graph depends on: a run with the same key reuses the cached compile."""
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
 def rank_n_envs(cfg: Config, world_size: int) -> int:
     """Envs on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
     return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
@@ -137,17 +142,14 @@ class Trainer:
         self.scaler = grad_scaler(self.device, cfg.amp)
         gradient_steps = self.n_iterations * (1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
         # What the update graph depends on: a run with the same key reuses the cached compile.
-        self.compile_key = hashlib.sha1(repr((
-            cfg.algo, self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
-            cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.device.type,
-            self.n_envs * cfg.n_steps // (1 if cfg.algo == "a2c" else cfg.n_minibatches), cfg.clip_vloss,
-            cfg.norm_adv, cfg.max_grad_norm > 0, cfg.optimizer, self.dist.enabled)).encode()).hexdigest()[:16]
+        model = (self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
+                 cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.device.type)
+        self.compile_key = _graph_key(cfg.algo, *model, self.n_envs * cfg.n_steps // (
+            1 if cfg.algo == "a2c" else cfg.n_minibatches), cfg.clip_vloss, cfg.norm_adv, cfg.max_grad_norm > 0,
+            cfg.optimizer, self.dist.enabled)
         # And what the rollout step's graph depends on (fastrl/rollout.py), env included when it is fused in.
         fused = self.env_mode == "sync" and has_fused_step(self.env)
-        self.rollout_compile_key = hashlib.sha1(repr((
-            "rollout", self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
-            cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.n_envs,
-            cfg.env if fused else None)).encode()).hexdigest()[:16]
+        self.rollout_compile_key = _graph_key("rollout", *model, self.n_envs, cfg.env if fused else None)
         self.compile_mode, self.update_compile_mode = compile_plan(
             cfg.compile, self.device, gradient_steps, self.compile_key, rollout_steps=self.n_iterations * cfg.n_steps,
             rollout_key=self.rollout_compile_key, fused_rollout=fused)
@@ -194,6 +196,8 @@ class Trainer:
         """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
         with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
             self._collect()
+        if self.iteration == 0 and self.rollout_step is not None and self.rollout_step.compiled:
+            mark_compiled(self.rollout_compile_key)
         return True
 
     def _warm_compiled(self) -> bool:
@@ -274,8 +278,6 @@ class Trainer:
             self.step_fn = None  # compiling failed: today's eager step beats the functional code run eagerly
         elif self.step_fn is not None and self.iteration == 0:
             mark_compiled(self.compile_key)
-        if self.rollout_step is not None and self.rollout_step.compiled and self.iteration == 0:
-            mark_compiled(self.rollout_compile_key)
         metrics["charts/learning_rate"] = lr
         if self.cfg.anneal_clip:
             metrics["charts/clip_coef"] = self.current_clip_coef()
