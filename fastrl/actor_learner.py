@@ -41,7 +41,9 @@ import torch
 import torch.multiprocessing as tmp
 
 from fastrl import impala
-from fastrl.amp import annealed_lr, autocast_factory, grad_scaler, make_optimizer
+from fastrl.loop import TrainerDefaults
+from fastrl.optim import annealed_lr, make_optimizer
+from fastrl.precision import autocast_factory, grad_scaler
 from fastrl.async_collect import GroupedRollout, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.buffers import make_rollout_buffer
@@ -419,12 +421,12 @@ def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.T
     stats.count += finished
 
 
-class ActorLearnerTrainer:
+class ActorLearnerTrainer(TrainerDefaults):
     """IMPALA / APPO behind the run loop's trainer interface (see ``fastrl.loop``).
 
     ``collect()`` takes ``learner_batch`` full slots from the actors' ring (starting the actors on first use);
     ``update()`` runs V-trace and the algorithm's gradient steps on them through the shared optimizer step
-    (``amp.backward_step``: non-finite updates skipped, ``amp`` autocast, the configured optimizer), and
+    (``fastrl.optim.backward_step``: non-finite updates skipped, ``amp`` autocast, the configured optimizer), and
     publishes the weights every ``sync_interval`` updates. Owns the agent, optimizer, the
     ``[T, learner_batch * N]`` batch, the actor pool and the staleness / queue statistics.
     """
@@ -610,7 +612,7 @@ class ActorLearnerTrainer:
         return {"episode_return_mean": returns.mean().item(), "episode_length_mean": lengths.double().mean().item(),
                 "episode_window_full": returns.numel() == self.episodes.window, "episodes": self.episodes.count}
 
-    def normalizer_state(self) -> None:
+    def normalizer_state(self, m: int = 0) -> None:
         return None  # observation/reward normalization is refused for impala/appo (config.validate)
 
     def summary_extras(self) -> dict:
@@ -634,11 +636,11 @@ class ActorLearnerTrainer:
         if self.pool.started:
             self.publish()
 
-    def weights_state(self) -> dict:
+    def weights_state(self, m: int = 0) -> dict:
         """What a rollback restores: weights and optimizer moments."""
         return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def roll_back(self, state: dict, lr_factor: float) -> None:
+    def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
         """Return to ``state``, scale the LR, restart the episode window and hand the weights to the actors."""
         self.agent.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])

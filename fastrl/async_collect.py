@@ -63,21 +63,29 @@ class GroupedRollout:
         self.env, self.device = env, torch.device(device)
         n_envs, n_groups, size = env.n_envs, env.n_groups, env.group_size
         self.n_groups, self.group_size = n_groups, size
-        self.group_env_ids = [np.arange(g * size, (g + 1) * size) for g in range(n_groups)]
-        self.group_of_env = np.arange(n_envs) // size
+        # A population of K members (K blocks of n envs): group g holds the g-th part of every member's block, so
+        # each member's envs are grouped as in its single run and every group forward covers all K members.
+        k = getattr(env, "n_members", 1)
+        n, part = n_envs // k, n_envs // k // n_groups
+        self.group_env_ids = [np.concatenate([np.arange(m * n + g * part, m * n + (g + 1) * part) for m in range(k)])
+                              for g in range(n_groups)]
+        self.group_cols = [slice(g * size, (g + 1) * size) if k == 1 else torch.from_numpy(ids)
+                           for g, ids in enumerate(self.group_env_ids)]
+        self.group_of_env = np.zeros(n_envs, dtype=np.int64)
+        for g, ids in enumerate(self.group_env_ids):
+            self.group_of_env[ids] = g
         # Where each env's newest observation waits until its whole group has arrived.
         pending = torch.zeros(n_envs, *env.observation_shape, dtype=env.observation_dtype)
         self.pending_obs = pending.pin_memory() if self.device.type == "cuda" else pending
 
     def _act(self, views: RolloutViews, policy_step, timer, group: int, t: int, obs: torch.Tensor) -> None:
         """Policy forward on ``group``'s observations ``obs [B, *obs]`` (step ``t``), row writes, then send."""
-        cols = slice(group * self.group_size, (group + 1) * self.group_size)
+        cols = self.group_cols[group]
         with timer.section("policy"):
             action, logp, _, value = policy_step(obs.to(self.device, non_blocking=True))
-            views.observation[t, cols].copy_(obs)
-            views.action[t, cols].copy_(action)
-            views.sample_log_prob[t, cols].copy_(logp)
-            views.state_value[t, cols].copy_(value)
+            for view, value_ in ((views.observation, obs), (views.action, action), (views.sample_log_prob, logp),
+                                 (views.state_value, value)):
+                view[t][cols] = value_
             action_cpu = action.cpu()
         self.env.send(action_cpu, self.group_env_ids[group])
 
@@ -93,7 +101,7 @@ class GroupedRollout:
         step_of_group = np.zeros(self.n_groups, dtype=np.int64)  # the row each group's in-flight step writes
         arrived = np.zeros(self.n_groups, dtype=np.int64)
         for group in range(self.n_groups):  # group 0 steps while the policy acts on group 1
-            self._act(views, policy_step, timer, group, 0, next_obs[group * size:(group + 1) * size])
+            self._act(views, policy_step, timer, group, 0, next_obs[self.group_cols[group]])
         in_flight = self.n_groups
         while in_flight:
             with timer.section("env"):
@@ -114,7 +122,7 @@ class GroupedRollout:
                 step_of_group[group] += 1
                 if step_of_group[group] < n_steps:
                     self._act(views, policy_step, timer, group, int(step_of_group[group]),
-                              pending[group * size:(group + 1) * size])
+                              pending[self.group_cols[group]])
                 else:
                     in_flight -= 1  # parked until the next rollout
         last_obs = pending.clone()  # every env's observation after its step T-1
@@ -126,7 +134,7 @@ class GroupedRollout:
 
 class AsyncCollector:
     """The trainer's async ``collect()``: fills ``trainer.buffer`` from ``trainer.env`` (a NormalizedEnv around an
-    ``AsyncBatchedEnv``), reading ``trainer.policy_step``, ``bootstrap_value`` and ``next_obs`` afresh each time."""
+    ``AsyncBatchedEnv``), reading ``trainer.act``, ``bootstrap_value`` and ``next_obs`` afresh each time."""
 
     def __init__(self, trainer):
         self.trainer = trainer
@@ -144,5 +152,5 @@ class AsyncCollector:
     def collect(self) -> None:
         """One ``[T, N]`` rollout; advances ``trainer.next_obs`` and ``trainer.global_step`` as the sync loop does."""
         tr = self.trainer
-        tr.next_obs = self.rollout.run(self.views, tr.next_obs, tr.policy_step, tr.bootstrap_value, tr.timer)
+        tr.next_obs = self.rollout.run(self.views, tr.next_obs, tr.act, tr.bootstrap_value, tr.timer)
         tr.global_step += tr.steps_per_iteration

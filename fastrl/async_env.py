@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
-from fastrl.envs import BatchedEnv, NormalizedEnv, atari_kwargs, is_atari, resolve_backend
+from fastrl.envs import BatchedEnv, MemberEpisodeStats, NormalizedEnv, atari_kwargs, is_atari, resolve_backend
 
 ASYNC_GROUPS = 2  # groups in flight: one steps while the policy acts on the other
 
@@ -128,13 +128,21 @@ class AsyncBatchedEnv:
 
 
 def make_async_env(cfg, n_envs: int | None = None, seed: int | None = None,
-                   n_groups: int = ASYNC_GROUPS) -> NormalizedEnv:
+                   n_groups: int = ASYNC_GROUPS, members: list | None = None) -> NormalizedEnv:
     """The async env ``cfg`` describes, in the NormalizedEnv wrapper the trainer checkpoints (normalization off:
-    ``async_unsupported`` refuses it), as ``fastrl.envs.make_env`` builds the sync one."""
+    ``async_unsupported`` refuses it), as ``fastrl.envs.make_env`` builds the sync one. ``members`` (K > 1): the
+    envs are K members' blocks, each with its own episode statistics (``fastrl.async_collect.GroupedRollout``
+    groups each member's envs as its single run does)."""
     kwargs = atari_kwargs(cfg, True) if is_atari(cfg.env) else None
-    env = AsyncBatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, n_groups,
-                          cfg.env_threads, env_kwargs=kwargs)
-    return NormalizedEnv(env, False, False, cfg.gamma, cfg.obs_clip, cfg.reward_clip, training=True)
+    n_envs = n_envs or cfg.n_envs
+    env = AsyncBatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, n_groups, cfg.env_threads,
+                          env_kwargs=kwargs)
+    k = len(members) if members else 1
+    if k > 1:
+        env.stats = MemberEpisodeStats(k, n_envs // k)
+    env.n_members = k
+    return NormalizedEnv(env, False, False, [m.gamma for m in members] if k > 1 else cfg.gamma, cfg.obs_clip,
+                         cfg.reward_clip, training=True)
 
 
 def resolve_env_mode(cfg, n_envs: int) -> str:

@@ -66,8 +66,10 @@ class Config:
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
                                  "(imports module first, so its Gymnasium registration runs)")
-    n_envs: int = _f(8, "parallel environments, all ranks together (split evenly across torchrun ranks unless per_rank)")
-    total_steps: int = _f(120_000, "environment steps to train for (all ranks together)")
+    n_envs: int = _f(8, "parallel environments of each agent: of each population member, of all torchrun ranks together "
+                        "(split evenly across them unless per_rank); impala/appo: of each actor process")
+    total_steps: int = _f(120_000, "environment steps to train each agent for (all ranks together; a population: per "
+                                   "member)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     n_seeds: int = _f(1, "train this many agents in one process (a population), seeds seed, seed+1, ...; with vary, "
                          "this many seeds per combination (ppo and a2c)")
@@ -162,6 +164,7 @@ class Config:
     stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
     capture_video: bool = _f(False, "record the final evaluation's first episodes to run_dir/videos/*.mp4 (a "
                                     "Gymnasium env of the same id renders them; needs pip install -e \".[video]\")")
+    video_member: int = _f(0, "a population (n_seeds/vary): the member whose final evaluation capture_video records")
     plot: bool = _f(True, "write run_dir/learning_curve.png at the end of the run (needs matplotlib)")
     # --- guards ---
     rollback: bool = _f(False, "roll back to the best weights when the return collapses (judged on the periodic "
@@ -246,18 +249,12 @@ class Config:
         return self.n_seeds * math.prod(len(values) for values in self.vary.values())
 
     def _validate_population(self) -> None:
-        refused = [(self.algo in ACTOR_LEARNER_ALGOS, f"algo {self.algo}", "use --algo ppo or a2c"),
-                   (self.target_kl > 0, "target_kl (each member would stop its epochs at a different time)",
-                    "set --target-kl 0"),
-                   (self.normalize_obs or self.normalize_reward, "normalize_obs/normalize_reward (statistics per "
-                    "member are not implemented)", "set both to false"),
-                   (self.amp == "fp16", "amp fp16 (its loss scaler is per run)", "use --amp bf16 or off"),
-                   (self.capture_video, "capture_video", "record a member's video with fastrl eval afterwards"),
-                   (getattr(self, "env_mode", "sync") == "async", "env_mode async (members step their envs in sync)",
-                    "use --env-mode sync or auto")]
-        for bad, what, fix in refused:
-            if bad:
-                raise UserError(f"--n-seeds/--vary (a population) do not support {what}: {fix}")
+        if self.algo in ACTOR_LEARNER_ALGOS:
+            raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
+                            "are processes of one agent): use --algo ppo or a2c, or run one job per seed")
+        if not 0 <= self.video_member < self.population_size:
+            raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
+                            f"0..{self.population_size - 1}")
 
     def _validate_actor_learner(self) -> None:
         for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"):

@@ -127,6 +127,38 @@ class EpisodeStats:
         self.count = int(state["count"])
 
 
+class MemberEpisodeStats(EpisodeStats):
+    """``EpisodeStats`` over ``n_members * n_envs`` envs that also keeps a last-``window`` ring per member
+    (member ``m`` owns envs ``[m * n_envs, (m + 1) * n_envs)``). ``members[m]`` is member m's own
+    ``EpisodeStats``: its ``recent()``, ``summary()`` and state equal those of member m's single run."""
+
+    def __init__(self, n_members: int, n_envs: int, window: int = 100):
+        super().__init__(n_members * n_envs, window)
+        self.n_envs = n_envs
+        self.members = [EpisodeStats(n_envs, window) for _ in range(n_members)]
+        for m, member in enumerate(self.members):  # running sums are views of the whole env's
+            member.running_return = self.running_return[m * n_envs:(m + 1) * n_envs]
+            member.running_length = self.running_length[m * n_envs:(m + 1) * n_envs]
+
+    def update(self, reward, done, valid, env_ids=None) -> None:
+        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
+        local = np.flatnonzero(done)
+        finished = local if env_ids is None else np.asarray(env_ids)[local]
+        if finished.size:  # before the whole env's update clears the finished sums
+            self.record_envs(finished, self.running_return.numpy()[finished] + reward[local] * valid[local],
+                             self.running_length.numpy()[finished] + valid[local], members_only=True)
+        super().update(reward, done, valid, env_ids)
+
+    def record_envs(self, env_ids: np.ndarray, returns: np.ndarray, lengths: np.ndarray,
+                    members_only: bool = False) -> None:
+        """Add episodes that ended in envs ``env_ids`` (in order) to their members' rings (and the whole ring)."""
+        owner = np.asarray(env_ids) // self.n_envs
+        for m in np.unique(owner):
+            self.members[m].record(returns[owner == m], lengths[owner == m])
+        if not members_only:
+            self.record(returns, lengths)
+
+
 @functools.lru_cache(maxsize=1)
 def envpool_ids() -> frozenset:
     try:
@@ -327,14 +359,15 @@ class BatchedEnv:
     ``backend="torch"`` builds a ``fastrl.torch_envs.TorchCartPoleEnv`` (same interface, tensors all the way)."""
 
     def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                env_kwargs: dict | None = None):
+                env_kwargs: dict | None = None, n_members: int = 1):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.torch_envs import TorchCartPoleEnv
-            return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs)
+            return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                 env_kwargs: dict | None = None):
+                 env_kwargs: dict | None = None, n_members: int = 1):
+        """``n_members``: the envs are that many members' equal blocks (env i is seeded ``seed + i`` either way)."""
         self.env_id, self.n_envs = env_id, n_envs
         self.backend = resolve_backend(env_id, backend)
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
@@ -471,30 +504,45 @@ def normalize_observation(obs: torch.Tensor, obs_rms: RunningMeanStd, clip: floa
 
 
 class NormalizedEnv:
-    """Running observation normalization and reward scaling around a BatchedEnv.
+    """Running observation normalization and reward scaling around a BatchedEnv, per member.
 
     Rewards are divided by the running std of the discounted return (reset at episode ends).
     ``training=False`` freezes the statistics and leaves rewards unscaled (evaluation).
-    Episode statistics stay those of the raw env.
+    Episode statistics stay those of the raw env. ``gammas``: one discount per member; member m owns envs
+    ``[m * n, (m + 1) * n)`` and keeps its own statistics (``state_dict(m)``), equal to its single run's.
     """
 
-    def __init__(self, env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float,
+    def __init__(self, env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float | list,
                  obs_clip: float = 10.0, reward_clip: float = 10.0, training: bool = True):
         self.env, self.normalize_obs, self.normalize_reward = env, normalize_obs, normalize_reward
-        self.gamma, self.obs_clip, self.reward_clip, self.training = gamma, obs_clip, reward_clip, training
-        self.obs_rms = RunningMeanStd(env.observation_shape)
-        self.return_rms = RunningMeanStd(())
+        self.gammas = list(gamma) if isinstance(gamma, (list, tuple)) else [gamma]
+        self.n_members = len(self.gammas)
+        self.obs_clip, self.reward_clip, self.training = obs_clip, reward_clip, training
+        self.obs_rms = [RunningMeanStd(env.observation_shape) for _ in self.gammas]
+        self.return_rms = [RunningMeanStd(()) for _ in self.gammas]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
+        self.member_envs = env.n_envs // self.n_members
 
     def __getattr__(self, name):
         return getattr(self.env, name)
 
+    def _rows(self, m: int) -> slice:
+        return slice(m * self.member_envs, (m + 1) * self.member_envs)
+
     def _obs(self, obs: torch.Tensor) -> torch.Tensor:
         if not self.normalize_obs:
             return obs
-        if self.training:
-            self.obs_rms.update(obs)
-        return normalize_observation(obs, self.obs_rms, self.obs_clip)
+        if self.n_members == 1:
+            if self.training:
+                self.obs_rms[0].update(obs)
+            return normalize_observation(obs, self.obs_rms[0], self.obs_clip)
+        out = torch.empty(obs.shape, dtype=torch.float32)
+        for m, rms in enumerate(self.obs_rms):
+            rows = obs[self._rows(m)]
+            if self.training:
+                rms.update(rows)
+            out[self._rows(m)] = normalize_observation(rows, rms, self.obs_clip)
+        return out
 
     def reset(self) -> torch.Tensor:
         self.discounted_return.zero_()
@@ -504,25 +552,36 @@ class NormalizedEnv:
         out = self.env.step(action)
         out.observation = self._obs(out.observation)
         if self.normalize_reward and self.training:
-            self.discounted_return = self.discounted_return * self.gamma + out.reward.double()
-            self.return_rms.update(self.discounted_return[out.valid])
-            out.reward = (out.reward.double() / torch.sqrt(self.return_rms.var + 1e-8)).clamp_(
-                -self.reward_clip, self.reward_clip).float()
+            scaled = torch.empty(out.reward.shape, dtype=torch.float64)
+            for m, (gamma, rms) in enumerate(zip(self.gammas, self.return_rms)):
+                rows = self._rows(m) if self.n_members > 1 else slice(None)
+                returns = self.discounted_return[rows] * gamma + out.reward[rows].double()
+                self.discounted_return[rows] = returns
+                rms.update(returns[out.valid[rows]])
+                scaled[rows] = out.reward[rows].double() / torch.sqrt(rms.var + 1e-8)
+            out.reward = scaled.clamp_(-self.reward_clip, self.reward_clip).float()
             self.discounted_return[out.done] = 0.0
         return out
 
-    def state_dict(self) -> dict:
-        return {"obs_rms": self.obs_rms.state_dict(), "return_rms": self.return_rms.state_dict()}
+    def state_dict(self, member: int = 0) -> dict:
+        """Member ``member``'s statistics (a single run's format)."""
+        return {"obs_rms": self.obs_rms[member].state_dict(), "return_rms": self.return_rms[member].state_dict()}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.obs_rms.load_state_dict(state["obs_rms"])
-        self.return_rms.load_state_dict(state["return_rms"])
+    def load_state_dict(self, state: dict, member: int = 0) -> None:
+        self.obs_rms[member].load_state_dict(state["obs_rms"])
+        self.return_rms[member].load_state_dict(state["return_rms"])
 
 
-def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True) -> NormalizedEnv:
-    """Build the (normalized) batched env that ``cfg`` describes."""
+def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True,
+             members: list | None = None) -> NormalizedEnv:
+    """Build the (normalized) batched env that ``cfg`` describes. ``members`` (a population's configs, K > 1): the
+    ``n_envs`` envs are K members' blocks, each with its own normalizer and episode statistics."""
     kwargs = atari_kwargs(cfg, training) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else None
-    env = BatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
-                     env_kwargs=kwargs)
-    return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, cfg.gamma, cfg.obs_clip, cfg.reward_clip, training)
-
+    n_envs = n_envs or cfg.n_envs
+    k = len(members) if members else 1
+    env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
+                     env_kwargs=kwargs, n_members=k)
+    if k > 1:
+        env.stats = MemberEpisodeStats(k, n_envs // k)
+    gammas = [m.gamma for m in members] if k > 1 else cfg.gamma
+    return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, gammas, cfg.obs_clip, cfg.reward_clip, training)

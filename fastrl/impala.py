@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDict
 
 from fastrl import kernels
-from fastrl.amp import backward_step
+from fastrl.optim import backward_step
 from fastrl.buffers import iterate_minibatches
 from fastrl.ppo import explained_variance, masked_mean
 
@@ -75,7 +75,7 @@ def impala_update(agent, optimizer: torch.optim.Optimizer, batch: TensorDict, bo
     Every sample is used once: ``n_epochs`` is PPO/APPO's knob and is ignored here, because reusing a batch
     without APPO's clipped ratio collapsed the policy (CartPole, LunarLander). ``n_minibatches = 1`` is the
     paper's learner: one step per batch.
-    Per step: one forward over (T+1) x N/M observations, one V-trace kernel, and ``amp.backward_step`` (backward,
+    Per step: one forward over (T+1) x N/M observations, one V-trace kernel, and ``fastrl.optim.backward_step`` (backward,
     grad-norm clip, optimizer step; a NaN/Inf loss or gradient skips the step); no host sync with fused Adam.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]

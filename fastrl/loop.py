@@ -23,11 +23,13 @@ The trainer interface:
   ``state_dict()`` / ``load_state_dict()``; ``weights_state()`` / ``roll_back(state, lr_factor)``;
   ``summary_extras() -> dict``; ``close()`` (idempotent).
 
-A population (``fastrl.population.PopulationTrainer``, ``--n-seeds``/``--vary``) adds: ``member_rows(elapsed_s)``
-(one metrics row per member, logged after the run's row; its per-member rollback guards run there, so
-``member_guards`` turns the run-level guard off), ``evaluate_members()`` (the evaluation figures become member
-means), ``population_summary()`` (summary.json's ``members`` and aggregates); its ``episode_summary()`` carries
-``episode_return_min``, which ``stop_at_return`` waits on.
+Members: a trainer trains ``n_members`` agents (``members``: their configs; K = 1 for a single run, K > 1 for a
+population, ``--n-seeds``/``--vary``), and the loop treats every run alike: one rollback guard, one evaluation and
+one ``stop_at_return`` record per member, ``member_rows()`` (one metrics row per member, empty at K = 1, where the
+run row is the member's), ``member_agent(m)``, ``member_info(m)``, ``member_episode_summary(m)``,
+``normalizer_state(m)``, ``weights_state(m)`` / ``roll_back(state, lr_factor, m)``, ``weights_finite()``.
+``TrainerDefaults`` gives a one-agent trainer these for K = 1. ``episode_summary()`` carries
+``episode_return_min`` at K > 1, which ``stop_at_return`` waits on (every member there).
 """
 from __future__ import annotations
 
@@ -74,9 +76,33 @@ def install_stop_handlers(flag: dict) -> dict:
     return previous
 
 
+class TrainerDefaults:
+    """The member interface of a trainer of one agent (K = 1): see the module docstring."""
+    n_members = 1
+
+    @property
+    def members(self) -> list:
+        return [self.cfg]
+
+    def member_agent(self, m: int = 0):
+        return self.agent
+
+    def member_info(self, m: int = 0) -> dict:
+        return {"member": 0, "seed": self.cfg.seed, "hyperparameters": {}}
+
+    def member_episode_summary(self, m: int = 0) -> dict:
+        return self.episode_summary()
+
+    def member_rows(self) -> list:
+        return []
+
+    def weights_finite(self) -> bool:
+        return all_finite(self.agent)
+
+
 def save_if_finite(trainer, run_dir: Path) -> bool:
     """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written."""
-    if not all_finite(trainer.agent):
+    if not trainer.weights_finite():
         print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
               file=sys.stderr)
         return False
@@ -84,17 +110,44 @@ def save_if_finite(trainer, run_dir: Path) -> bool:
     return True
 
 
-def evaluate_trainer(trainer, normalizer_state=None) -> dict:
-    """Deterministic evaluation on separate envs: ``eval_seeds`` x ``eval_episodes`` episodes."""
-    cfg = trainer.cfg
-    state = trainer.normalizer_state() if normalizer_state is None else normalizer_state
-    if hasattr(trainer, "evaluate_members"):  # a population: each member on its own seeds; the figures are means
-        per_member = trainer.evaluate_members(state)
-        return {"eval/return_mean": sum(m for m, _ in per_member) / len(per_member),
-                "eval/return_std": sum(s for _, s in per_member) / len(per_member),
-                "eval/return_min": min(m for m, _ in per_member)}
-    returns = evaluate(trainer.agent, cfg, state, cfg.eval_episodes, cfg.eval_seeds, trainer.device)
-    return {"eval/return_mean": returns.mean().item(), "eval/return_std": returns.std(unbiased=False).item()}
+def evaluate_members(trainer, normalizer_states: list | None = None) -> list[tuple[float, float]]:
+    """Each member's deterministic evaluation on separate envs (``eval_seeds`` x ``eval_episodes`` episodes, the seeds
+    of its single run): ``[(mean, std)]``."""
+    results = []
+    for m, member in enumerate(trainer.members):
+        state = trainer.normalizer_state(m) if normalizer_states is None else normalizer_states[m]
+        returns = evaluate(trainer.member_agent(m), member, state, member.eval_episodes, member.eval_seeds,
+                           trainer.device)
+        results.append((returns.mean().item(), returns.std(unbiased=False).item()))
+    return results
+
+
+def evaluation_figures(per_member: list) -> dict:
+    """The run's evaluation figures: the members' means (a single run: its own), and the lowest member's."""
+    out = {"eval/return_mean": sum(m for m, _ in per_member) / len(per_member),
+           "eval/return_std": sum(s for _, s in per_member) / len(per_member)}
+    if len(per_member) > 1:
+        out["eval/return_min"] = min(m for m, _ in per_member)
+    return out
+
+
+def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
+    """summary.json's ``n_members``, ``members`` and the aggregates of the members' final figures (mean, std, IQM with
+    a bootstrap 95% interval): for the last-100 training return and the final evaluation."""
+    from fastrl.population import aggregate
+    members = []
+    for m in range(trainer.n_members):
+        recent = trainer.member_episode_summary(m)
+        members.append({**trainer.member_info(m), "episode_return_mean": recent.get("episode_return_mean"),
+                        "eval_return_mean": member_eval[m][0] if member_eval else None,
+                        "steps_to_return": reached[m][0] if reached[m] else None,
+                        "time_to_return_s": reached[m][1] if reached[m] else None})
+    out = {"n_members": trainer.n_members, "members": members}
+    for key in ("episode_return_mean", "eval_return_mean"):
+        values = [row[key] for row in members if row[key] is not None]
+        if values:
+            out[f"members_{key}"] = aggregate(values, seed=trainer.cfg.seed)
+    return out
 
 
 def _plain(metrics: dict) -> dict:
@@ -114,15 +167,16 @@ def episode_metrics(recent: dict) -> dict:
 def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=()) -> dict:
     """Train to the end of the budget, a stop signal, ``stop_at_return`` or a callback's False; write the run's files;
     return the summary. ``callbacks``: called after every iteration, see ``fastrl.callbacks``."""
-    cfg = trainer.cfg
+    cfg, n_members = trainer.cfg, trainer.n_members
     logger = NullLogger()
     if dist_info.is_main:
         write_config(run_dir, cfg)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
                            cfg.wandb_project, cfg.progress)
-    guard = RollbackGuard(cfg.rollback, cfg.rollback_drop, cfg.rollback_lr_factor, cfg.max_rollbacks,
-                          cfg.rollback_patience, cfg.max_nonfinite_iterations)
-    threshold = None  # (steps, seconds) when stop_at_return was reached
+    guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
+                            m.max_nonfinite_iterations) for m in trainer.members]
+    threshold = None  # (steps, seconds) when stop_at_return was reached (by every member)
+    reached = [None] * n_members  # (member steps, seconds) when each member's last-100 mean first reached it
     stop = {"stop": None}
     previous_handlers = install_stop_handlers(stop)
     trainer.should_stop = lambda: stop["stop"] is not None
@@ -142,30 +196,41 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 last_log_time, last_log_step = now, trainer.global_step
                 record = {"charts/SPS": sps, "time/elapsed_s": now - start_time, **episode_metrics(recent),
                           **_plain(metrics), **trainer.log_extras()}
+                rows = trainer.member_rows()  # one per member at K > 1; the run row is the member's at K = 1
+                member_eval = None
                 if cfg.eval_interval and cfg.eval_episodes and trainer.iteration % cfg.eval_interval == 0:
-                    # Rank 0 evaluates; every rank judges the same figure, so all roll back together.
-                    record.update(distributed.broadcast_object(evaluate_trainer(trainer) if dist_info.is_main else {}))
-                    judged, window_full = record["eval/return_mean"], True
-                else:
-                    judged, window_full = recent.get("episode_return_mean"), recent.get("episode_window_full", False)
-                reason = None if getattr(trainer, "member_guards", False) else guard.observe(
-                    judged, window_full, record.get("losses/nonfinite_updates", 0.0), trainer.weights_state,
-                    trainer.global_step)
-                if reason is not None:
-                    trainer.roll_back(guard.best_state, cfg.rollback_lr_factor)
-                    record.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
-                                   "events/rollback_to_step": guard.best_step, "charts/lr_scale": trainer.lr_scale})
-                    print(f"fastrl: rollback {guard.rollbacks}/{cfg.max_rollbacks} ({reason}) to the weights of step "
-                          f"{guard.best_step}; lr scale now {trainer.lr_scale:g}", file=sys.stderr)
+                    # Rank 0 evaluates; every rank judges the same figures, so all roll back together.
+                    member_eval = distributed.broadcast_object(evaluate_members(trainer) if dist_info.is_main else None)
+                    record.update(evaluation_figures(member_eval))
+                for m, guard in enumerate(guards):
+                    member_recent = recent if n_members == 1 else trainer.member_episode_summary(m)
+                    row = rows[m] if rows else record
+                    if member_eval is not None:
+                        row["eval/return_mean"], row["eval/return_std"] = member_eval[m]
+                        judged, window_full = member_eval[m][0], True
+                    else:
+                        judged, window_full = (member_recent.get("episode_return_mean"),
+                                               member_recent.get("episode_window_full", False))
+                    reason = guard.observe(judged, window_full, row.get("losses/nonfinite_updates", 0.0),
+                                           lambda m=m: trainer.weights_state(m), trainer.global_step)
+                    if reason is not None:
+                        trainer.roll_back(guard.best_state, trainer.members[m].rollback_lr_factor, m)
+                        row.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
+                                    "events/rollback_to_step": guard.best_step})
+                        who = f"member {m} " if n_members > 1 else ""
+                        print(f"fastrl: {who}rollback {guard.rollbacks}/{trainer.members[m].max_rollbacks} ({reason}) "
+                              f"to the weights of step {guard.best_step}", file=sys.stderr)
+                    if (cfg.stop_at_return and reached[m] is None
+                            and member_recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return):
+                        reached[m] = (trainer.global_step // n_members, now - start_time)
                 logger.log(record, trainer.global_step)
-                if hasattr(trainer, "member_rows"):  # a population: one row per member, each with "member"
-                    for row in trainer.member_rows(now - start_time):
-                        logger.log(row, trainer.global_step)
+                for row in rows:
+                    logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
                 logger.progress(trainer.global_step, {"sps": int(sps),
                                                       "return": recent.get("episode_return_mean", float("nan"))})
                 # A population stops once every member is there (episode_return_min), a single run at its mean.
-                reached = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
-                if cfg.stop_at_return and reached >= cfg.stop_at_return:
+                lowest = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
+                if cfg.stop_at_return and lowest >= cfg.stop_at_return:
                     threshold = (trainer.global_step, time.perf_counter() - start_time)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
@@ -183,30 +248,34 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                    "episodes": final_episodes.get("episodes", 0),
                    "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
                    "stopped_by_callback": stopped_by_callback,
-                   "resumed_from_step": start_step, "rollbacks": guard.rollbacks,
+                   "resumed_from_step": start_step, "rollbacks": sum(guard.rollbacks for guard in guards),
                    "reached_return": threshold is not None,
                    "steps_to_return": threshold[0] if threshold else None,
                    "time_to_return_s": threshold[1] if threshold else None,
                    "restart_count": restart_count(), "process_time_s": process_seconds()}
         if dist_info.is_main:
             save_if_finite(trainer, run_dir)
-        normalizer = trainer.normalizer_state()
+        normalizers = [trainer.normalizer_state(m) for m in range(n_members)]
         summary.update(trainer.summary_extras())
         trainer.close()  # IMPALA's actors stop here, so the evaluation has the cores to itself
         summary["eval_return_mean"] = summary["eval_return_std"] = None
+        member_eval = None
         if dist_info.is_main:
             if cfg.eval_episodes and stop["stop"] is None:
-                final_eval = evaluate_trainer(trainer, normalizer)
+                member_eval = evaluate_members(trainer, normalizers)
+                final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
                 logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
-                for m, (mean, std) in enumerate(getattr(trainer, "member_eval", ())):
-                    logger.log({"member": m, "eval/return_mean": mean, "eval/return_std": std}, trainer.global_step)
+                if n_members > 1:
+                    for m, (mean, std) in enumerate(member_eval):
+                        logger.log({"member": m, "eval/return_mean": mean, "eval/return_std": std}, trainer.global_step)
             if cfg.capture_video and stop["stop"] is None:
-                record_videos(trainer.agent, cfg, normalizer, run_dir / "videos", trainer.device)
+                v = cfg.video_member
+                record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",
+                              trainer.device)
             summary["run_dir"] = str(run_dir)
-        if hasattr(trainer, "population_summary"):
-            summary.update(trainer.population_summary())
+        summary.update(members_summary(trainer, member_eval, reached))
         hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
         if dist_info.is_main:
             summary["world_size"] = dist_info.world_size

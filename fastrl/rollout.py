@@ -14,9 +14,11 @@
   env would have recorded them.
 
 Conventions:
-- The sampling noise (``[N, A]``: U(0, 1) for discrete, N(0, 1) for continuous actions) is drawn per step from
-  torch's global CPU generator, exactly the draws ``rand_like`` / ``randn_like`` make in the eager forward, so the
-  compiled and eager rollouts take the same actions from the same seed (up to float rounding of the logits).
+- The sampling noise (``[N, A]``: U(0, 1) for discrete, N(0, 1) for continuous actions) is drawn per step outside
+  the graph by ``draw_noise()`` (the trainer's: each member's rows from its own generator), the draws the eager
+  rollout makes, so the compiled and eager rollouts take the same actions from the same seed (up to float rounding
+  of the logits).
+- ``policy`` is the trainer's ``fastrl.stacked.MemberPolicy``: the agent itself at K = 1, vmapped members else.
 - Row views of the buffer are built once; the graph writes through them (static shapes, no recompiles per ``t``).
 - CPU only: on CUDA the buffer lives in pinned host memory and the trainer keeps its compiled forward (CUDA graphs
   under ``reduce-overhead``) with host copies.
@@ -24,11 +26,10 @@ Conventions:
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 
 import torch
 
-from fastrl.amp import CompiledOrEager
+from fastrl.compile import CompiledOrEager
 
 
 def sampling_noise(action_spec):
@@ -37,21 +38,6 @@ def sampling_noise(action_spec):
     if action_spec.kind == "discrete":
         return action_spec.n, torch.rand
     return math.prod(action_spec.shape), torch.randn
-
-
-# Tests turn this off to check that the hot loops never need a recompile (what makes skipping the guards safe).
-SKIP_GUARDS = True
-
-
-def skip_guards(enabled: bool):
-    """A context in which compiled functions skip guard evaluation (``torch.compiler.set_stance(...,
-    skip_guard_eval_unsafe=True)``): about 40-140 us per call on the 2-core CPU.
-
-    Only for a hot loop whose compiled functions have already compiled for every input they will see (static
-    shapes, dtypes and Python constants): the trainers enter it from their second iteration on."""
-    if not (enabled and SKIP_GUARDS):
-        return nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
 def has_fused_step(env) -> bool:
@@ -68,11 +54,12 @@ class CompiledRolloutStep:
     ``mode``: a ``torch.compile`` mode, or ``"off"`` (the same function, run eagerly).
     """
 
-    def __init__(self, agent, views, action_spec, autocast, mode: str, env=None):
-        self.agent, self.views, self.autocast = agent, views, autocast
+    def __init__(self, policy, views, action_spec, mode: str, env=None, draw_noise=None):
+        self.policy, self.views, self.draw_noise = policy, views, draw_noise
         n_steps, n_envs = views.action.shape[:2]
-        width, self._draw = sampling_noise(action_spec)
-        self.noise_shape = (n_envs, width)
+        if draw_noise is None:
+            width, draw = sampling_noise(action_spec)
+            self.draw_noise = lambda: draw(n_envs, width)
         self.fused = env is not None and has_fused_step(env)
         v = views
         if self.fused:
@@ -94,7 +81,7 @@ class CompiledRolloutStep:
 
     def __call__(self, obs: torch.Tensor, t: int) -> torch.Tensor:
         """Policy form: the action ``[N]`` taken at step ``t``. Fused form: the observation after step ``t``."""
-        noise = self._draw(self.noise_shape)
+        noise = self.draw_noise()
         if not self.fused:
             return self.fn(obs, noise, *self.rows[t])
         env = self.env
@@ -109,13 +96,17 @@ class CompiledRolloutStep:
             return
         done = self.views.done[:n_steps]
         if bool(done.any()):
-            self.env.stats.record(self.finished_return[:n_steps][done].numpy(),
-                                  self.finished_length[:n_steps][done].numpy())
+            returns = self.finished_return[:n_steps][done].numpy()
+            lengths = self.finished_length[:n_steps][done].numpy()
+            stats = self.env.stats
+            if hasattr(stats, "record_envs"):  # a population's: each episode to its member's ring too
+                stats.record_envs(done.nonzero()[:, 1].numpy(), returns, lengths)
+            else:
+                stats.record(returns, lengths)
 
     # ------------------------------------------------------------------ the compiled functions
     def _act(self, obs, noise, row_obs, row_action, row_logp, row_value):
-        with self.autocast():
-            action, logp, _, value = self.agent.get_action_and_value(obs, None, noise)
+        action, logp, _, value = self.policy.get_action_and_value(obs, None, noise)
         row_obs.copy_(obs)
         row_action.copy_(action)
         row_logp.copy_(logp)

@@ -96,7 +96,7 @@ class TorchCartPoleEnv:
     backend = "torch"
 
     def __init__(self, env_id: str, n_envs: int, seed: int, num_threads: int = 0, env_kwargs: dict | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", n_members: int = 1):
         max_episode_steps = resolve_torch_env(env_id)
         env_kwargs = dict(env_kwargs or {})
         max_episode_steps = int(env_kwargs.pop("max_episode_steps", max_episode_steps))
@@ -108,7 +108,11 @@ class TorchCartPoleEnv:
         self.observation_shape, self.observation_dtype, self.obs_scale = (4,), torch.float32, 1.0
         self.action_spec = ActionSpec("discrete", n=2)
         self.stats = EpisodeStats(n_envs)
-        self._generator = torch.Generator(device=self.device).manual_seed(seed)
+        # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
+        # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
+        n = n_envs // n_members
+        self._generators = [torch.Generator(device=self.device).manual_seed(seed + m * n) for m in range(n_members)]
+        self._member_envs = n
         # Until reset(), every env is due to reset on its next step.
         self._physics = torch.zeros(n_envs, 4, dtype=torch.float64, device=self.device)
         self._elapsed = torch.zeros(n_envs, dtype=torch.int64, device=self.device)
@@ -127,7 +131,10 @@ class TorchCartPoleEnv:
 
     def draw_reset_uniform(self) -> torch.Tensor:
         """``[n_envs, 4]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
-        return torch.rand(self.n_envs, 4, dtype=torch.float64, generator=self._generator, device=self.device)
+        if len(self._generators) == 1:
+            return torch.rand(self.n_envs, 4, dtype=torch.float64, generator=self._generators[0], device=self.device)
+        return torch.cat([torch.rand(self._member_envs, 4, dtype=torch.float64, generator=g, device=self.device)
+                          for g in self._generators])
 
     def reset(self) -> torch.Tensor:
         self._physics.copy_(cartpole_reset_state(self.draw_reset_uniform()))

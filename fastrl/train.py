@@ -24,9 +24,12 @@ ACTOR_LEARNER_ALGOS = ("impala", "appo")
 def __getattr__(name: str):
     """The public names of a trainer and its env seeds, ``Trainer`` and ``env_seed``, load torch on first use:
     the rest of this module imports it only inside functions, so ``--help`` answers without it."""
-    if name in ("Trainer", "env_seed"):
+    if name == "Trainer":
         from fastrl import trainer
-        return getattr(trainer, name)
+        return trainer.Trainer
+    if name == "env_seed":
+        from fastrl import seeding
+        return seeding.env_seed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -56,9 +59,6 @@ def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
     if cfg.algo in ACTOR_LEARNER_ALGOS:
         from fastrl.actor_learner import ActorLearnerTrainer
         return ActorLearnerTrainer(cfg, device)
-    if cfg.population_size > 1:
-        from fastrl.population import PopulationTrainer
-        return PopulationTrainer(cfg, dist_info, device)
     from fastrl.trainer import Trainer
     return Trainer(cfg, dist_info, device)
 

@@ -1,53 +1,64 @@
-"""The PPO / A2C trainer: a synchronous ``[T, N]`` rollout, then the algorithm's gradient steps.
+"""The PPO / A2C trainer for one agent or a population of K members: a ``[T, K * n_envs]`` rollout, then one update.
 
-It implements the run loop's trainer interface (see ``fastrl.loop``): ``collect()``, ``update()``,
-``episode_summary()``, ``state_dict()`` / ``load_state_dict()``, ``weights_state()`` / ``roll_back()``, ``close()``.
+It implements the run loop's trainer interface (see ``fastrl.loop``). A population (``--n-seeds``, ``--vary``) is
+not another trainer: every tensor of the run state carries a leading member axis K, and a single run is K = 1.
 
-Under torchrun, ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank), so the
-global batch, and with it the learning, is that of one process: each rank averages its minibatch gradient with
-the others' once per minibatch, which equals the gradient of the global minibatch.
+- **Members** (``fastrl.population.member_configs``): member m runs with seed ``seed + m`` and its variant's
+  values, and equals the single run of that config (``tests/test_population.py``).
+- **Parameters** ``params [K, P]`` and **optimizer state** (``fastrl.optim``) ``[K, P]`` / ``[K]``: one flat tensor
+  each (``fastrl.stacked``). At K = 1 the agent module's parameters are views of ``params[0]``.
+- **Hyperparameters that vary or follow a schedule** (lr, clip_coef, ent_coef, vf_coef, max_grad_norm) are ``[K]``
+  tensors, refilled in place each iteration, so nothing recompiles; gamma and gae_lambda enter each member's GAE.
+- **Envs**: one batched env of ``K * n_envs`` envs; member m owns envs ``[m * n_envs, (m + 1) * n_envs)``, seeded as
+  its single run's, with its own observation/reward normalizer and episode statistics.
+- **Randomness**: each member's action noise and minibatch shuffles come from its own generators
+  (``fastrl.seeding``), drawn outside the compiled graphs.
+- **The update** is ``fastrl.update.Update``, one pure function, called directly at K = 1 and through
+  ``torch.func.vmap`` at K > 1, eagerly or compiled (``fastrl.compile.compile_plan``: a function of the config and
+  the shapes only), ``steps_per_call`` minibatch steps per call.
+
+Under torchrun (K = 1 only), ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank);
+each rank averages its minibatch gradient with the others' once per minibatch, which equals the gradient of the
+global minibatch.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
+import copy
 import random
+import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
+from torch.func import vmap
 
 from fastrl import distributed
-from fastrl.a2c import a2c_loss_terms, a2c_update
 from fastrl.async_collect import AsyncCollector, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
-from fastrl.amp import annealed_lr, autocast_factory, compile_plan, grad_scaler, make_optimizer, mark_compiled, maybe_compile
 from fastrl.buffers import make_rollout_buffer
-from fastrl.checkpoint import load_trainer_state, trainer_state
-from fastrl.config import Config
+from fastrl.compile import CompiledOrEager, compile_plan, skip_guards
+from fastrl.config import Config, UserError
 from fastrl.envs import make_env
-from fastrl.learner import CompiledUpdate
 from fastrl.models import make_agent
-from fastrl.ppo import compute_advantages, ppo_loss_terms, ppo_update
-from fastrl.rollout import CompiledRolloutStep, has_fused_step, skip_guards
+from fastrl.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_dict, optimizer_state_dict
+from fastrl.population import member_configs, member_hyperparameters, variant_name
+from fastrl.ppo import compute_advantages, explained_variance
+from fastrl.precision import autocast_factory
+from fastrl.rollout import CompiledRolloutStep, has_fused_step, sampling_noise
+from fastrl.seeding import env_seed, member_generator, seed_process
+from fastrl.stacked import FlatLayout, MemberPolicy
+from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics, minibatch_index,
+                           stat_names)
+from fastrl.checkpoint import load_rng_state, rng_state
 
-
-def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
-    """Base seed of this rank's envs (env i gets base + i): distinct across ranks and runs.
-
-    Contiguous in the run seed (run seed s + 1 starts where s's ``n_envs`` envs end), so one batched env of K * n_envs
-    envs seeded ``env_seed(s, 0, n_envs)`` holds the envs of runs s, ..., s + K - 1 (``fastrl.population``)."""
-    return ((run_seed + rank * 10_007) * n_envs) % (2**31 - 1)
-
-
-def _graph_key(*parts) -> str:
-    """A short hash of what a compiled graph depends on: a run with the same key reuses the cached compile."""
-    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+# Eagerly, vmap costs a batching rule per op: a step of 2-4 CartPole members takes about 17 ms eager and 4 ms compiled
+# (2 cores), so a population compiles from far fewer gradient steps than one agent.
+POPULATION_COMPILE_MIN_GRADIENT_STEPS = 4_000
 
 
 def rank_n_envs(cfg: Config, world_size: int) -> int:
-    """Envs on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
+    """Envs of each member on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
     return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
 
 
@@ -80,7 +91,8 @@ class Timer:
 
 
 class Trainer:
-    """Owns the env, agent, optimizer and the ``[T, N]`` buffer. ``collect()`` then ``update()`` per iteration."""
+    """Owns the env, the members' parameters and optimizer state and the ``[T, K * n_envs]`` buffer.
+    ``collect()`` then ``update()`` per iteration."""
 
     def __init__(self, cfg: Config, dist_info: distributed.DistInfo | None = None, device: torch.device | None = None):
         self.cfg = cfg
@@ -88,127 +100,135 @@ class Trainer:
         self.device = device or distributed.resolve_device(cfg.device)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
+        self.members = member_configs(cfg)
+        self.n_members = k = len(self.members)
+        if k > 1 and self.dist.world_size > 1:
+            raise UserError("--n-seeds/--vary run in one process; torchrun is not supported with them: drop torchrun, "
+                            "or train one seed per torchrun job")
         rank = self.dist.rank
-        random.seed(cfg.seed + rank)
-        np.random.seed((cfg.seed + rank) % 2**32)
-        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        self.n_envs = rank_n_envs(cfg, self.dist.world_size)
-        self.env_mode = resolve_env_mode(cfg, self.n_envs)  # sync or async (fastrl/async_collect.py)
+        seed_process(cfg.seed, rank)
+        self.n_envs = n = rank_n_envs(cfg, self.dist.world_size)  # per member, on this rank
+        self.env_mode = resolve_env_mode(cfg, n)
         self.env = (make_async_env if self.env_mode == "async" else make_env)(
-            cfg, n_envs=self.n_envs, seed=env_seed(cfg.seed, rank, self.n_envs))
+            cfg, n_envs=k * n, seed=env_seed(cfg.seed, rank, n), members=self.members)
         set_torch_threads(cfg, self.device)
-        self.agent = make_agent(cfg, self.env.observation_shape, self.env.action_spec, self.env.obs_scale,
-                                channels_last=self.device.type == "cuda").to(self.device)
+        agents = []
+        for member in self.members:  # each member's initial weights are its single run's (the same on every rank)
+            torch.manual_seed(member.seed)
+            agents.append(make_agent(member, self.env.observation_shape, self.env.action_spec, self.env.obs_scale))
+        self.agent = agents[0].to(self.device)  # member 0's weights, live (at K = 1 the module that acts)
         distributed.broadcast_module_(self.agent)
-        self.optimizer = make_optimizer(cfg, self.agent.parameters())
-        self.params = list(self.agent.parameters())
-        self.steps_per_iteration = self.n_envs * cfg.n_steps * self.dist.world_size
-        self.n_iterations = max(1, cfg.total_steps // self.steps_per_iteration)
+        self.layout = FlatLayout(self.agent)
+        self.params = torch.stack([self.layout.flatten(a) for a in [self.agent, *agents[1:]]]).to(self.device)
+        self.layout.bind(self.agent, self.params[0])
+        self.autocast = autocast_factory(self.device, cfg.amp)
+        self.spec = UpdateSpec.of(cfg)
+        self.update_fn = Update(self.spec, self.layout, self.autocast)
+        self.opt_state = self.update_fn.init_opt_state(self.params)
+        self.hparams = {key: torch.zeros(k, dtype=torch.float64 if key == "lr" else torch.float32, device=self.device)
+                        for key in HPARAM_KEYS}
+        self.lr_scales = [1.0] * k
+        world = self.dist.world_size
+        self.steps_per_iteration = k * n * cfg.n_steps * world  # env steps, all members and ranks
+        self.n_iterations = max(1, cfg.total_steps // (n * cfg.n_steps * world))  # total_steps: per member
         self.total_steps = self.n_iterations * self.steps_per_iteration
-        self._build_step_functions()
-        self.buffer = make_rollout_buffer(cfg.n_steps, self.n_envs, self.env.observation_shape,
-                                          self.env.observation_dtype, self.env.action_spec, self.device)
-        self.sample_generator = torch.Generator(device=self.device)
-        self.sample_generator.manual_seed(cfg.seed * 7919 + rank)
-        torch.manual_seed(cfg.seed * 31 + rank)  # per-rank action sampling
+        self.buffer = make_rollout_buffer(cfg.n_steps, k * n, self.env.observation_shape, self.env.observation_dtype,
+                                          self.env.action_spec, self.device)
+        self.action_generators = [member_generator(m.seed, "action", rank) for m in self.members]
+        self.minibatch_generators = [member_generator(m.seed, "minibatch", rank, self.device) for m in self.members]
+        width, self._draw = sampling_noise(self.env.action_spec)
+        self.noise = torch.zeros(k * n, width)
+        self.policy = MemberPolicy(self.agent, self.layout, self.params, self.autocast)
         self.iteration = 0
         self.global_step = 0
-        self.lr_scale = 1.0  # lowered by each rollback
         self.timer = Timer()
+        self._member_metrics: dict = {}
+        self._plan_compiles()
         self.next_obs = self.env.reset()
-        # Views on the buffer's storage, looked up once for the rollout loop.
-        buf = self.buffer
-        self._obs, self._action = buf["observation"], buf["action"]
-        self._logp, self._value, self._valid = buf["sample_log_prob"], buf["state_value"], buf["valid"]
-        nxt = buf["next"]
-        self._reward, self._done = nxt["reward"], nxt["done"]
-        self._terminated, self._truncated, self._next_value = nxt["terminated"], nxt["truncated"], nxt["state_value"]
+        v = RolloutViews.of(self.buffer)
+        self._views = v
         self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
-        # CPU, sync: the rollout step (forward, sampling, buffer writes; with env_backend torch the env step too) as
-        # one compiled graph. On CUDA the compiled policy_step (CUDA graphs under reduce-overhead) stays.
-        self.rollout_step = None
-        if self.compile_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
-            self.rollout_step = CompiledRolloutStep(self.agent, RolloutViews.of(self.buffer), self.env.action_spec,
-                                                    self.autocast, self.compile_mode, env=self.env)
 
-    def _build_step_functions(self) -> None:
-        """The rollout forward and the loss, under ``cfg.amp`` autocast and (maybe) ``torch.compile``.
+    @property
+    def lr_scale(self) -> float:
+        """The first member's LR scale (lowered by its rollbacks): the run's, at K = 1."""
+        return self.lr_scales[0]
 
-        Shapes are static (``[n_envs]`` in the rollout, fixed minibatch sizes in the update) and the learning rate
-        lives in the optimizer, outside the compiled graphs, so nothing recompiles after the first iteration.
-        """
-        cfg, agent = self.cfg, self.agent
-        self.autocast = autocast_factory(self.device, cfg.amp)
-        self.scaler = grad_scaler(self.device, cfg.amp)
-        gradient_steps = self.n_iterations * (1 if cfg.algo == "a2c" else cfg.n_epochs * cfg.n_minibatches)
-        # What the update graph depends on: a run with the same key reuses the cached compile.
-        model = (self.env.observation_shape, str(self.env.observation_dtype), repr(self.env.action_spec),
-                 cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.encoder, cfg.amp, self.device.type)
-        self.compile_key = _graph_key(cfg.algo, *model, self.n_envs * cfg.n_steps // (
-            1 if cfg.algo == "a2c" else cfg.n_minibatches), cfg.clip_vloss, cfg.norm_adv, cfg.max_grad_norm > 0,
-            cfg.optimizer, self.dist.enabled)
-        # And what the rollout step's graph depends on (fastrl/rollout.py), env included when it is fused in.
+    # ------------------------------------------------------------------ compiling
+    def _plan_compiles(self) -> None:
+        """Decide, from the config and the shapes alone, what runs compiled (``self.plan``), and build the rollout
+        forward, the rollout step and the update calls accordingly."""
+        cfg, k = self.cfg, self.n_members
         fused = self.env_mode == "sync" and has_fused_step(self.env)
-        self.rollout_compile_key = _graph_key("rollout", *model, self.n_envs, cfg.env if fused else None)
-        self.compile_mode, self.update_compile_mode = compile_plan(
-            cfg.compile, self.device, gradient_steps, self.compile_key, rollout_steps=self.n_iterations * cfg.n_steps,
-            rollout_key=self.rollout_compile_key, fused_rollout=fused)
-        autocast = self.autocast
+        gradient_steps = self.n_iterations * self.spec.n_steps
+        if k > 1 and cfg.compile == "auto" and self.device.type == "cpu":
+            gradient_steps = gradient_steps * 20_000 // POPULATION_COMPILE_MIN_GRADIENT_STEPS
+        self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
+                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled)
+        rollout_mode = self.plan.rollout
+        if k > 1 and cfg.compile == "auto" and self.plan.update != "off":
+            rollout_mode = self.plan.update  # eager vmap's per-op batching rules cost more than the compile
+        self.rollout_mode = rollout_mode
+        policy = self.policy
+        self.policy_step = CompiledOrEager(policy.get_action_and_value,
+                                           rollout_mode if self.device.type == "cuda" or k > 1 else "off",
+                                           "the rollout policy forward")
+        # Once per rollout: on CPU the eager forward costs less than compiling it (but not a vmapped one).
+        self.bootstrap_value = CompiledOrEager(policy.get_value, rollout_mode if self.device.type == "cuda" or k > 1
+                                               else "off", "the bootstrap value forward")
+        self.rollout_step = None
+        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
+            self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), self.env.action_spec,
+                                                    rollout_mode, env=self.env, draw_noise=self.draw_noise)
+        update_mode, per_call = self.plan.update, self.plan.steps_per_call
+        if update_mode == "off" and k == 1:
+            self.update_fn.eager_agent = self.agent
+        self.steps_per_call = per_call
+        spec = self.spec
+        self._epoch_ends = {first: epoch_end_mask(first, min(per_call, spec.n_steps - first), spec.n_minibatches,
+                                                  self.device) for first in range(0, spec.n_steps, per_call)}
+        if self.dist.enabled:
+            self._gradient_part = CompiledOrEager(self._member_gradient, update_mode, "the gradient", fullgraph=True)
+            self._apply_part = CompiledOrEager(self._member_apply, update_mode, "the optimizer step", fullgraph=True)
+        self.update_call = CompiledOrEager(self._update_chunk, update_mode, f"the {cfg.algo} update", fullgraph=True)
+        # CUDA graphs (reduce-overhead) replay fixed addresses: the state the update writes in place is marked static.
+        if update_mode == "reduce-overhead" and self.device.type == "cuda":
+            for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
+                torch._dynamo.mark_static_address(tensor)
 
-        def policy_step(obs):
-            with autocast():
-                return agent.get_action_and_value(obs)
-
-        def bootstrap_value(obs):
-            with autocast():
-                return agent.get_value(obs)
-
-        loss_terms = a2c_loss_terms if cfg.algo == "a2c" else ppo_loss_terms
-        # anneal_clip: the losses read clip_coef from a copy of cfg whose clip_coef is a 0-d tensor, refilled in
-        # place each iteration (update()), so no loss, eager or compiled, recompiles.
-        self.loss_cfg = cfg
-        if cfg.anneal_clip:
-            self.loss_cfg = dataclasses.replace(cfg)
-            self.loss_cfg.clip_coef = torch.tensor(float(cfg.clip_coef), device=self.device)
-        loss_cfg = self.loss_cfg
-
-        def loss_fn(*tensors):
-            return loss_terms(agent, loss_cfg, *tensors, autocast=autocast)
-
-        mode = self.compile_mode
-        self.policy_step = maybe_compile(policy_step, mode, "the rollout policy forward")
-        # Once per rollout: on CPU the eager forward costs less than compiling it.
-        self.bootstrap_value = maybe_compile(bootstrap_value, mode if self.device.type == "cuda" else "off",
-                                             "the bootstrap value forward")
-        self.loss_fn = maybe_compile(loss_fn, mode, f"the {cfg.algo} loss")
-        # Compiled: the whole gradient step (forward, loss, gradient, clip, optimizer math) as one graph.
-        self.step_fn = None
-        if self.update_compile_mode != "off" and self.scaler is None:  # fp16's GradScaler stays on the eager path
-            sync = self._sync_flat_grads if self.dist.enabled else None
-            self.step_fn = CompiledUpdate(agent, self.optimizer, loss_cfg, cfg.algo, autocast, self.update_compile_mode,
-                                          sync_grads=sync)
+    def _warm_compiled(self) -> bool:
+        """From the second iteration on, every compiled function has compiled for the inputs it sees: the hot loops
+        skip guard evaluation (``fastrl.compile.skip_guards``)."""
+        return self.iteration >= 1 and (self.rollout_mode != "off" or self.plan.update != "off")
 
     # ------------------------------------------------------------------ hot path
     def finished(self) -> bool:
         return self.iteration >= self.n_iterations
 
+    def draw_noise(self, rows: int | None = None) -> torch.Tensor:
+        """Sampling noise for ``rows`` rows of each member (default ``n_envs``): ``[K * rows, width]``, member m's rows
+        from member m's generator (at K = 1: one draw)."""
+        rows = self.n_envs if rows is None else rows
+        noise = self.noise[:rows * self.n_members] if rows != self.n_envs else self.noise
+        for m, generator in enumerate(self.action_generators):
+            self._draw(rows, noise.shape[1], generator=generator, out=noise[m * rows:(m + 1) * rows])
+        return noise
+
+    def act(self, obs: torch.Tensor) -> tuple:
+        """The rollout forward on ``obs [K * rows, ...]`` (member-major): ``(action, logp, entropy, value)``."""
+        noise = self.draw_noise(obs.shape[0] // self.n_members)
+        return self.policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True))
+
     def collect(self) -> bool:
-        """Fill the ``[T, N]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
+        """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
         with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
             self._collect()
-        if self.iteration == 0 and self.rollout_step is not None and self.rollout_step.compiled:
-            mark_compiled(self.rollout_compile_key)
         return True
-
-    def _warm_compiled(self) -> bool:
-        """From the second iteration on, every compiled function has compiled for the inputs it sees: the hot loops
-        skip guard evaluation (``fastrl.rollout.skip_guards``)."""
-        return self.iteration >= 1 and (self.compile_mode != "off" or self.step_fn is not None)
 
     def _collect(self) -> None:
         if self.async_collector is not None:
             return self.async_collector.collect()
-        rollout_step, env, n_steps = self.rollout_step, self.env, self.cfg.n_steps
+        rollout_step, env, n_steps, v = self.rollout_step, self.env, self.cfg.n_steps, self._views
         obs = self.next_obs
         if rollout_step is not None and rollout_step.fused:  # the env step is inside the compiled graph
             with self.timer.section("policy_env"):
@@ -223,124 +243,206 @@ class Trainer:
                 action = act(obs, t)
             with self.timer.section("env"):
                 step = env.step(action)
-            self._reward[t].copy_(step.reward)
-            self._terminated[t].copy_(step.terminated)
-            self._truncated[t].copy_(step.truncated)
-            self._done[t].copy_(step.done)
-            self._valid[t].copy_(step.valid)
+            v.reward[t].copy_(step.reward)
+            v.terminated[t].copy_(step.terminated)
+            v.truncated[t].copy_(step.truncated)
+            v.done[t].copy_(step.done)
+            v.valid[t].copy_(step.valid)
             obs = step.observation
         self._finish_rollout(obs)
 
     def _act_eager(self, obs: torch.Tensor, t: int) -> torch.Tensor:
-        """The policy forward (``policy_step``: compiled on CUDA) and row ``t``'s writes; the action on the CPU."""
-        action, logp, _, value = self.policy_step(obs.to(self.device, non_blocking=True))
-        self._obs[t].copy_(obs)
-        self._action[t].copy_(action)
-        self._logp[t].copy_(logp)
-        self._value[t].copy_(value)
+        """The policy forward (compiled on CUDA and for K > 1) and row ``t``'s writes; the action on the CPU."""
+        v = self._views
+        action, logp, _, value = self.act(obs)
+        v.observation[t].copy_(obs)
+        v.action[t].copy_(action)
+        v.sample_log_prob[t].copy_(logp)
+        v.state_value[t].copy_(value)
         return action.cpu()
 
     def _finish_rollout(self, obs: torch.Tensor) -> None:
+        v = self._views
         with self.timer.section("policy"):
             # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
-            self._next_value[:-1].copy_(self._value[1:])
-            self._next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True)))
+            v.next_value[:-1].copy_(v.state_value[1:])
+            v.next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True)))
         self.next_obs = obs
         self.global_step += self.steps_per_iteration
 
-    def current_lr(self) -> float:
-        return annealed_lr(self.cfg, self.iteration / self.n_iterations, self.lr_scale)
+    # ------------------------------------------------------------------ the update
+    def _member_major(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[T, K * n, ...]`` -> ``[K, T * n, ...]``: member m's rollout, flattened time-major as its single run's."""
+        t, k, n = tensor.shape[0], self.n_members, self.n_envs
+        rest = tensor.shape[2:]
+        return tensor.reshape(t, k, n, *rest).transpose(0, 1).reshape(k, t * n, *rest)
 
-    def current_clip_coef(self) -> float:
-        """``clip_coef``, annealed linearly to 0 with ``anneal_clip`` (on the learning rate's per-iteration clock)."""
-        if not self.cfg.anneal_clip:
-            return self.cfg.clip_coef
-        return self.cfg.clip_coef * max(1.0 - self.iteration / self.n_iterations, 0.0)
+    def _set_hyperparameters(self) -> None:
+        progress = self.iteration / self.n_iterations
+        values = {"lr": [annealed_lr(m, progress, s) for m, s in zip(self.members, self.lr_scales)],
+                  "clip_coef": [annealed_clip_coef(m, progress) for m in self.members],
+                  "ent_coef": [m.ent_coef for m in self.members], "vf_coef": [m.vf_coef for m in self.members],
+                  "max_grad_norm": [m.max_grad_norm for m in self.members]}
+        for key, tensor in self.hparams.items():
+            tensor.copy_(torch.tensor(values[key], dtype=tensor.dtype))
+
+    def _update_chunk(self, params, opt_state, batch, index, hparams, active, epoch_ends):
+        """Some minibatch steps of every member (``index [K, count, mb]``; None for A2C), written back in place:
+        ``(sums, active)``, each ``[K]``. ``epoch_ends [count]``: see ``Update.steps``."""
+        update = self.update_fn
+
+        def one_member(p, s, b, i, h, a):
+            return update.steps(p, s, b, i, h, a, epoch_ends)
+        if self.n_members == 1:
+            squeeze = lambda tree: {k: v[0] for k, v in tree.items()} if isinstance(tree, dict) else (  # noqa: E731
+                tuple(x[0] for x in tree) if isinstance(tree, tuple) else (None if tree is None else tree[0]))
+            new_params, new_state, sums, active = one_member(params[0], squeeze(opt_state), squeeze(batch),
+                                                             squeeze(index), squeeze(hparams), active[0])
+            new_params, sums, active = new_params[None], {k: v[None] for k, v in sums.items()}, active[None]
+            new_state = {k: v[None] for k, v in new_state.items()}
+        else:
+            in_dims = (0, 0, 0, None if index is None else 0, 0, 0)
+            new_params, new_state, sums, active = vmap(one_member, in_dims=in_dims)(params, opt_state, batch, index,
+                                                                                     hparams, active)
+        params.copy_(new_params)
+        for key, value in new_state.items():
+            opt_state[key].copy_(value)
+        return sums, active
+
+    def _member_gradient(self, params, opt_state, minibatch, hparams):
+        """torchrun's first half of a step (K = 1): ``(grad [P], loss, stats)``."""
+        return self.update_fn.gradient(params[0], {k: v[0] for k, v in opt_state.items()}, minibatch,
+                                       {k: v[0] for k, v in hparams.items()})
+
+    def _member_apply(self, params, opt_state, grad, loss, hparams):
+        new_params, new_state, grad_norm, nonfinite, applied = self.update_fn.apply(
+            params[0], {k: v[0] for k, v in opt_state.items()}, grad, loss, {k: v[0] for k, v in hparams.items()})
+        params[0].copy_(new_params)
+        for key, value in new_state.items():
+            opt_state[key][0].copy_(value)
+        return grad_norm, nonfinite, applied
 
     def update(self) -> dict:
-        """GAE on the whole rollout, then the algorithm's gradient steps. Returns 0-d tensor metrics."""
-        lr = self.current_lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        if self.cfg.anneal_clip:
-            self.loss_cfg.clip_coef.fill_(self.current_clip_coef())
+        """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
+        ``member_rows`` has each member's)."""
+        cfg, k = self.cfg, self.n_members
+        self._set_hyperparameters()
         with self.timer.section("update"), skip_guards(self._warm_compiled()):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
-            compute_advantages(batch, self.cfg.gamma, self.cfg.gae_lambda)
-            sync = self._sync_grads if self.dist.enabled else None
-            if self.cfg.algo == "a2c":
-                metrics = a2c_update(self.agent, self.optimizer, batch, self.cfg, sync, self.loss_fn, self.scaler,
-                                     step_fn=self.step_fn)
+            self._advantages(batch)
+            inputs = tuple(self._member_major(batch[key]) for key in LOSS_KEYS)
+            size = inputs[0].shape[1]
+            spec = self.spec
+            index = None
+            if cfg.algo != "a2c":
+                index = torch.stack([minibatch_index(size, spec.n_epochs, spec.n_minibatches, g, self.device)
+                                     for g in self.minibatch_generators])
+            if self.dist.enabled:
+                sums = self._distributed_update(inputs, index)
             else:
-                metrics = ppo_update(self.agent, self.optimizer, batch, self.cfg, self.sample_generator, sync_grads=sync,
-                                     loss_fn=self.loss_fn, scaler=self.scaler, step_fn=self.step_fn)
-        if self.step_fn is not None and not self.step_fn.compiled:
-            self.step_fn = None  # compiling failed: today's eager step beats the functional code run eagerly
-        elif self.step_fn is not None and self.iteration == 0:
-            mark_compiled(self.compile_key)
-        metrics["charts/learning_rate"] = lr
-        if self.cfg.anneal_clip:
-            metrics["charts/clip_coef"] = self.current_clip_coef()
+                active = torch.ones(k, dtype=torch.bool, device=self.device)
+                sums = None
+                for first in range(0, spec.n_steps, self.steps_per_call):
+                    count = min(self.steps_per_call, spec.n_steps - first)
+                    chunk = None if index is None else index[:, first:first + count]
+                    part, active = self.update_call(self.params, self.opt_state, inputs, chunk, self.hparams, active,
+                                                    self._epoch_ends[first])
+                    sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
+            per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
+            valid = self._member_major(batch["valid"]).float()
+            per_member["losses/explained_variance"] = vmap(explained_variance)(
+                self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid)
+            per_member["charts/learning_rate"] = self.hparams["lr"].float()
+            if cfg.anneal_clip:
+                per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
+        self._member_metrics = per_member
         self.iteration += 1
+        metrics = {key: value.float().mean() for key, value in per_member.items()}
+        metrics["losses/nonfinite_updates"] = per_member["losses/nonfinite_updates"].sum()
         return metrics
 
-    def _sync_flat_grads(self, flat_grad: torch.Tensor) -> None:
-        with self.timer.section("allreduce"):
-            distributed.all_reduce_(flat_grad)
-            flat_grad.div_(self.dist.world_size)
+    def _advantages(self, batch) -> None:
+        """GAE per member (one call when every member shares gamma and gae_lambda)."""
+        if len({(m.gamma, m.gae_lambda) for m in self.members}) == 1:
+            compute_advantages(batch, self.members[0].gamma, self.members[0].gae_lambda)
+            return
+        n = self.n_envs
+        for m, member in enumerate(self.members):
+            compute_advantages(batch[:, m * n:(m + 1) * n], member.gamma, member.gae_lambda)
 
-    def _sync_grads(self) -> None:
-        with self.timer.section("allreduce"):
-            distributed.all_reduce_grads_(self.params, self.dist.world_size)
+    def _distributed_update(self, inputs: tuple, index) -> dict:
+        """torchrun (K = 1): per minibatch the gradient, its average across ranks, then the optimizer step."""
+        spec, device = self.spec, self.device
+        zero = torch.zeros(1, device=device)
+        keys = stat_names(spec.algo)
+        sums = {key: zero for key in (*keys, "n_updates", "nonfinite_updates")}
+        active = torch.ones((), dtype=torch.bool, device=device)
+        for j in range(spec.n_steps):
+            minibatch = tuple(x[0] for x in inputs) if index is None else tuple(x[0][index[0, j]] for x in inputs)
+            grad, loss, stats = self._gradient_part(self.params, self.opt_state, minibatch, self.hparams)
+            with self.timer.section("allreduce"):
+                distributed.all_reduce_(grad)
+                grad.div_(self.dist.world_size)
+            grad_norm, nonfinite, applied = self._apply_part(self.params, self.opt_state, grad, loss, self.hparams)
+            applied = applied & active
+            stats = {**stats, "grad_norm": grad_norm}
+            for key in keys:
+                sums[key] = sums[key] + torch.where(applied, stats[key].float(), torch.zeros((), device=device))
+            sums["n_updates"] = sums["n_updates"] + applied.float()
+            sums["nonfinite_updates"] = sums["nonfinite_updates"] + nonfinite.float()
+            if spec.target_kl > 0 and (j + 1) % spec.n_minibatches == 0 and bool(stats["approx_kl"] > spec.target_kl):
+                break  # one host sync per epoch, as every rank sees the same averaged figure
+        return sums
 
-    # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict:
-        return trainer_state(self, self.env.state_dict(), self.env.stats.state_dict(), self.sample_generator)
+    # ------------------------------------------------------------------ per member
+    def member_agent(self, m: int) -> torch.nn.Module:
+        """An ``nn.Module`` with member m's current weights (at K > 1 one shared scratch module: use it before the
+        next call)."""
+        if m == 0:
+            return self.agent
+        if not hasattr(self, "_scratch_agent"):
+            self._scratch_agent = copy.deepcopy(self.agent)
+        return self.layout.load_into(self._scratch_agent, self.params[m])
 
-    def load_state_dict(self, state: dict) -> None:
-        load_trainer_state(self, state, self.sample_generator)
-        self.env.load_state_dict(state["normalizer"])
-        self.env.stats.load_state_dict(state["episode_stats"])
+    def weights_finite(self) -> bool:
+        """Whether every member's weights are finite (no checkpoint is written from NaN/Inf weights)."""
+        return bool(torch.isfinite(self.params).all())
 
-    def weights_state(self) -> dict:
-        """What a rollback restores: weights, optimizer moments and observation-normalizer statistics."""
-        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "normalizer": self.env.state_dict()}
+    def member_stats(self, m: int):
+        stats = self.env.stats
+        return stats.members[m] if hasattr(stats, "members") else stats
 
-    def roll_back(self, state: dict, lr_factor: float) -> None:
-        """Return to ``state`` (see weights_state), scale the LR and restart the episode-return window."""
-        self.agent.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.env.load_state_dict(state["normalizer"])
-        self.lr_scale *= lr_factor
-        self.env.stats.restart_window()
-
-    def log_extras(self) -> dict:
-        """Per-log-interval diagnostics: seconds in each named section since the last log."""
-        return self.timer.pop()
-
-    def normalizer_state(self) -> dict:
-        """Observation/reward normalizer statistics, for evaluation envs."""
-        return self.env.state_dict()
-
-    def summary_extras(self) -> dict:
-        return {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode}
-
-    def close(self) -> None:
-        self.env.close()
+    def member_episode_summary(self, m: int) -> dict:
+        """Member m's last-100-episode figures."""
+        returns, lengths = self.member_stats(m).recent()
+        out = {"episodes": self.member_stats(m).count, "episode_window_full": returns.numel() == self.member_stats(m).window}
+        if returns.numel():
+            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item())
+        return out
 
     def episode_summary(self) -> dict:
-        """Recent-episode statistics; all-reduced across ranks so rank 0 reports global figures.
+        """Recent-episode statistics: for K > 1 the means over members, with ``episode_return_min`` (the loop's
+        ``stop_at_return`` waits for every member); under torchrun all-reduced so rank 0 reports global figures.
 
         Under torchrun each rank contributes its last ``window / world_size`` episodes, so the figure covers the
         last ``window`` (100) episodes of the whole job, as in one process, not a window W times as long.
         """
+        if self.n_members > 1:
+            per = [self.member_episode_summary(m) for m in range(self.n_members)]
+            means = [s["episode_return_mean"] for s in per if "episode_return_mean" in s]
+            out = {"episodes": sum(s["episodes"] for s in per),
+                   "episode_window_full": all(s["episode_window_full"] for s in per)}
+            if len(means) == self.n_members:
+                out["episode_return_mean"] = statistics.fmean(means)
+                out["episode_return_min"] = min(means)
+                out["episode_length_mean"] = statistics.fmean(s["episode_length_mean"] for s in per)
+            return out
         stats = self.env.stats
         per_rank = max(1, stats.window // self.dist.world_size)
         returns, lengths = stats.recent(per_rank)
         full = float(returns.numel() == per_rank)
         sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full,
-                             float(self.env.stats.count)], dtype=torch.float64)
+                             float(stats.count)], dtype=torch.float64)
         if self.dist.enabled:
             sums = sums.to(self.device) if self.device.type == "cuda" else sums
             distributed.all_reduce_(sums)
@@ -351,4 +453,115 @@ class Trainer:
         return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
                 "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes)}
 
+    def member_rows(self) -> list[dict]:
+        """One metrics row per member (``member``, ``seed``, ``variant``, what ``--vary`` set, its episode figures and
+        losses); empty for a single run, whose run row is its member's."""
+        if self.n_members == 1:
+            return []
+        from fastrl.loop import episode_metrics  # the loop's names
+        rows = []
+        for m, member in enumerate(self.members):
+            hyper = member_hyperparameters(member, self.cfg)
+            row = {"member": m, "seed": member.seed, "member_step": self.global_step // self.n_members,
+                   "variant": variant_name(hyper), **hyper, **episode_metrics(self.member_episode_summary(m))}
+            row.update({key: value[m].item() for key, value in self._member_metrics.items()})
+            rows.append(row)
+        return rows
 
+    def member_info(self, m: int) -> dict:
+        member = self.members[m]
+        return {"member": m, "seed": member.seed, "hyperparameters": member_hyperparameters(member, self.cfg)}
+
+    # ------------------------------------------------------------------ state
+    def member_state(self, m: int) -> dict:
+        """Member m's checkpoint: weights, optimizer (torch.optim's format), counters, config, normalizer, episode
+        statistics and RNG states. A single run's checkpoint is its one member's."""
+        member = self.members[m]
+        constants = dict(self.spec.constants)
+        state = {key: value[m] for key, value in self.opt_state.items()}
+        optimizer = optimizer_state_dict(self.spec.optimizer, constants, state, self.layout.numels, self.layout.shapes,
+                                         float(self.hparams["lr"][m]))
+        rng = rng_state(self.minibatch_generators[m])
+        rng["action"] = self.action_generators[m].get_state()
+        out = {"model": copy.deepcopy(self.member_agent(m).state_dict()), "optimizer": optimizer,
+               "global_step": self.global_step // self.n_members, "iteration": self.iteration,
+               "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.normalizer_state(m),
+               "episode_stats": self.member_stats(m).state_dict(), "rng": rng}
+        if "loss_scale" in self.opt_state:
+            out["loss_scale"] = {"loss_scale": self.opt_state["loss_scale"][m].clone(),
+                                 "good_steps": self.opt_state["good_steps"][m].clone()}
+        return out
+
+    def state_dict(self) -> dict:
+        if self.n_members == 1:
+            return self.member_state(0)
+        return {"config": self.cfg.to_dict(), "global_step": self.global_step, "iteration": self.iteration,
+                "members": [self.member_state(m) for m in range(self.n_members)]}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved_members = state.get("members", [state])
+        if len(saved_members) != self.n_members:
+            raise UserError(f"the checkpoint holds {len(saved_members)} member(s), this run {self.n_members}: resume "
+                            "with the checkpoint's own --n-seeds/--vary")
+        for m, saved in enumerate(saved_members):
+            self._load_member(m, saved)
+        self.global_step = int(state["global_step"]) * (1 if "members" in state else self.n_members)
+        self.iteration = int(state["iteration"])
+
+    def _load_member(self, m: int, saved: dict) -> None:
+        agent = self.member_agent(m)
+        agent.load_state_dict(saved["model"])
+        self.params[m].copy_(self.layout.flatten(agent).to(self.device))
+        state = {key: value[m] for key, value in self.opt_state.items()}
+        load_optimizer_state_dict(self.spec.optimizer, saved["optimizer"], state, self.layout.numels)
+        if "loss_scale" in saved and "loss_scale" in self.opt_state:
+            for key, value in saved["loss_scale"].items():
+                self.opt_state[key][m].copy_(value)
+        self.lr_scales[m] = float(saved.get("lr_scale", 1.0))
+        self.load_normalizer_state(m, saved["normalizer"])
+        self.member_stats(m).load_state_dict(saved["episode_stats"])
+        rng = saved["rng"]
+        if m == 0:
+            load_rng_state(rng, self.minibatch_generators[0])
+        else:
+            self.minibatch_generators[m].set_state(rng["sample"])
+        if "action" in rng:
+            self.action_generators[m].set_state(rng["action"])
+
+    def weights_state(self, m: int = 0) -> dict:
+        """What member m's rollback restores: its parameters, optimizer state and normalizer statistics."""
+        return {"params": self.params[m].clone(), "opt_state": {k: v[m].clone() for k, v in self.opt_state.items()},
+                "normalizer": self.normalizer_state(m)}
+
+    def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
+        """Return member m to ``state`` (see weights_state), scale its LR and restart its episode-return window."""
+        self.params[m].copy_(state["params"])
+        for key, value in state["opt_state"].items():
+            self.opt_state[key][m].copy_(value)
+        self.load_normalizer_state(m, state["normalizer"])
+        self.lr_scales[m] *= lr_factor
+        self.member_stats(m).restart_window()
+
+    def log_extras(self) -> dict:
+        """Per-log-interval diagnostics: seconds in each named section since the last log."""
+        return self.timer.pop()
+
+    def normalizer_state(self, m: int = 0) -> dict:
+        """Member m's observation/reward normalizer statistics (for its evaluation envs)."""
+        return self.env.state_dict(m) if self.n_members > 1 else self.env.state_dict()
+
+    def load_normalizer_state(self, m: int, state: dict) -> None:
+        if self.n_members > 1:
+            self.env.load_state_dict(state, m)
+        else:
+            self.env.load_state_dict(state)
+
+    def summary_extras(self) -> dict:
+        out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
+        out["compiled"]["rollout"] = self.rollout_mode
+        if self.n_members > 1:
+            out.update(n_envs_per_member=self.n_envs, n_members=self.n_members)
+        return out
+
+    def close(self) -> None:
+        self.env.close()

@@ -1,0 +1,142 @@
+"""What gets compiled, and how: ``compile_plan`` (a function of the config and the shapes only), ``CompiledOrEager``
+(``torch.compile`` with an eager fallback) and ``skip_guards`` (the hot loops' guard-free stance).
+
+The plan never looks at what a cache holds, so the same command computes the same thing on a cold and a warm cache
+(``tests/test_update.py`` runs one command twice, with an empty and a filled cache, and compares the metrics). The
+inductor caches only make the second compile faster.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+# From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
+# about 2.8 ms of a 3.7 ms eager step at minibatch 64 (2.6 of 3.9 at 256) and compiles in about 46 s with a cold
+# inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
+# whatever it holds: a warm cache then only makes the compile cheaper.
+CPU_COMPILE_MIN_GRADIENT_STEPS = 20_000
+# From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
+# saves 60-90 us per step (about 150 us with the env fused in, env_backend torch) and compiles in about 10 s cold.
+CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000
+CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS = 80_000
+# How many minibatch gradient steps one compiled update call runs at most (unrolled in one graph): each call costs
+# 60-110 us of Python, Dynamo and AOT prologue on CPU, and each unrolled step adds to the compile time.
+MAX_STEPS_PER_CALL = 8
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What a PPO / A2C run compiles: the rollout step's and the update's ``torch.compile`` mode (``off``: eager), and
+    how many minibatch steps one update call runs (``steps_per_call``). Recorded in summary.json (``compiled``)."""
+    rollout: str
+    update: str
+    steps_per_call: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool) -> int:
+    """Minibatch steps per update call: the whole update (``n_epochs * n_minibatches``) when it fits in
+    ``MAX_STEPS_PER_CALL``, else one epoch when that does, else one minibatch. Under torchrun one minibatch: the
+    gradient all-reduce runs between a step's two compiled halves."""
+    if distributed:
+        return 1
+    if n_epochs * n_minibatches <= MAX_STEPS_PER_CALL:
+        return n_epochs * n_minibatches
+    return n_minibatches if n_minibatches <= MAX_STEPS_PER_CALL else 1
+
+
+def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_steps: int = 0,
+                 fused_rollout: bool = False, n_epochs: int = 1, n_minibatches: int = 1,
+                 distributed: bool = False) -> CompilePlan:
+    """The plan for ``cfg.compile``.
+
+    ``auto``: on CUDA both parts compiled with CUDA graphs (``reduce-overhead``). On CPU each part is compiled when the
+    run is long enough to repay its compile: the update from ``CPU_COMPILE_MIN_GRADIENT_STEPS`` gradient steps
+    (``gradient_steps`` over the whole run), the rollout step from ``CPU_ROLLOUT_COMPILE_MIN_STEPS`` steps per env
+    (``rollout_steps``; ``CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS`` with the env fused in). Any other mode applies to both.
+    """
+    if mode != "auto":
+        rollout = update = mode
+    elif device.type == "cuda":
+        rollout = update = "reduce-overhead"
+    else:
+        needed = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
+        rollout = "default" if rollout_steps >= needed else "off"
+        update = "default" if gradient_steps >= CPU_COMPILE_MIN_GRADIENT_STEPS else "off"
+    if (rollout, update) != ("off", "off"):
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+    per_call = steps_per_call(n_epochs, n_minibatches, distributed) if update != "off" else 1
+    return CompilePlan(rollout, update, per_call)
+
+
+def compile_cache_dir() -> Path:
+    """Where inductor's FX-graph and AOTAutograd caches live, so a second compile is fast:
+    ``$TORCHINDUCTOR_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/fastrl/torch_compile`` (``~/.cache/...``)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or base / "fastrl" / "torch_compile")
+
+
+def _prime_tensordict_memo() -> None:
+    """TensorDict memoizes "is this type a tensorclass?" per type, outside compiled code only, and a compiled graph
+    that flattens containers (vmap, functional_call) guards on the memo's size: the first eager iteration then adds
+    tuple, list, dict, Tensor and forces one recompile. Asking for those types up front makes the first graph last."""
+    try:
+        from tensordict.utils import _is_tensorclass
+    except ImportError:  # another tensordict layout: at worst one recompile
+        return
+    for kind in (tuple, list, dict, torch.Tensor, int, float, bool, type(None), str, slice):
+        _is_tensorclass(kind)
+
+
+class CompiledOrEager:
+    """Calls ``torch.compile(fn, mode=mode)``; if the first call fails to compile, warns once and runs ``fn`` eagerly.
+
+    ``fullgraph``: a graph break is a compile failure (so it falls back to eager, with the warning) instead of a
+    silently split graph."""
+
+    def __init__(self, fn, mode: str, name: str, fullgraph: bool = False):
+        self.eager, self.name = fn, name
+        self.compiled = mode != "off"
+        # dynamic=False: every shape here is fixed for a run, and a second trainer in the same process (another
+        # n_envs, another minibatch) gets its own static graph instead of turning the shared code dynamic.
+        options = {"fullgraph": True, "dynamic": False} if fullgraph else {"dynamic": False}
+        self.fn = torch.compile(fn, mode=mode, **options) if self.compiled else fn
+        if self.compiled:
+            _prime_tensordict_memo()
+        self._checked = not self.compiled
+
+    def __call__(self, *args, **kwargs):
+        if self._checked:
+            return self.fn(*args, **kwargs)
+        try:
+            out = self.fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it eagerly",
+                          RuntimeWarning, stacklevel=2)
+            self.fn, self.compiled = self.eager, False
+            out = self.fn(*args, **kwargs)
+        self._checked = True
+        return out
+
+
+# Tests turn this off to check that the hot loops never need a recompile (what makes skipping the guards safe).
+SKIP_GUARDS = True
+
+
+def skip_guards(enabled: bool):
+    """A context in which compiled functions skip guard evaluation (``torch.compiler.set_stance(...,
+    skip_guard_eval_unsafe=True)``): about 40-140 us per call on the 2-core CPU.
+
+    Only for a hot loop whose compiled functions have already compiled for every input they will see (static
+    shapes, dtypes and Python constants): the trainer enters it from its second iteration on."""
+    if not (enabled and SKIP_GUARDS):
+        return nullcontext()
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)

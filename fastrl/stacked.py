@@ -1,0 +1,133 @@
+"""An agent's parameters as one flat vector, and the forward of K members that share one architecture.
+
+A run of K members (K = 1: a single run) keeps every member's parameters in one float32 tensor ``[K, P]``
+(``FlatLayout`` says where each ``nn.Parameter`` lives in ``P``). The optimizer math then runs on one tensor
+(``fastrl.optim``), ``torch.func.vmap`` maps the update over the member axis, and a checkpoint or an evaluation
+reads member m's weights as a module through ``FlatLayout.load_into``.
+
+``MemberPolicy`` is the rollout's acting function for K members over ``[K * B]`` observations (member m owns rows
+``[m * B, (m + 1) * B)``): at K = 1 it calls the agent module itself, whose parameters are views of ``params[0]``
+(``FlatLayout.bind``), so a single run pays nothing for the member axis; at K > 1 it vmaps ``functional_call``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+
+class AgentMethod(nn.Module):
+    """``forward`` calls ``agent.<method>``: what ``functional_call`` needs to call a method other than forward."""
+
+    def __init__(self, agent: nn.Module, method: str):
+        super().__init__()
+        self.agent, self.method = agent, method
+
+    def forward(self, *args):
+        return getattr(self.agent, self.method)(*args)
+
+
+def parameter_slots(module: nn.Module, params: list) -> list:
+    """``(name, index into params)`` for every module attribute that holds one of ``params``.
+
+    A parameter reachable by two paths of one shared submodule (a shared trunk) is one slot, named by its first
+    path; a parameter assigned to two modules (tied weights) is two slots with one index, so autograd sums its
+    gradient. (``functional_call(tie_weights=True)`` swaps a shared submodule's attribute twice and restores the
+    wrong tensor, replacing the module's parameter.)
+    """
+    index = {id(p): i for i, p in enumerate(params)}
+    slots, seen, found = [], set(), set()
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for attr, p in sub._parameters.items():
+            if p is None or id(p) not in index or (id(sub), attr) in seen:
+                continue
+            seen.add((id(sub), attr))
+            found.add(id(p))
+            slots.append((f"{prefix}.{attr}" if prefix else attr, index[id(p)]))
+    missing = [i for i, p in enumerate(params) if id(p) not in found]
+    if missing:
+        raise ValueError(f"parameters {missing} are not parameters of the module")
+    return slots
+
+
+class FlatLayout:
+    """Where each of ``agent.parameters()`` lives in a flat ``[P]`` vector (in that order)."""
+
+    def __init__(self, agent: nn.Module):
+        params = list(agent.parameters())
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
+        self.size = sum(self.numels)
+        self.offsets = [0]
+        for n in self.numels:
+            self.offsets.append(self.offsets[-1] + n)
+        self.methods = {name: AgentMethod(agent, name) for name in ("get_action_and_value", "get_value")}
+        self.slots = {name: parameter_slots(module, params) for name, module in self.methods.items()}
+
+    def flatten(self, agent: nn.Module) -> torch.Tensor:
+        """The agent's parameters as one ``[P]`` float32 tensor (a copy)."""
+        return torch.cat([p.detach().reshape(-1).float() for p in agent.parameters()])
+
+    def views(self, flat: torch.Tensor) -> list:
+        """``[P]`` -> one view per parameter, shaped as it."""
+        return [flat[a:b].view(shape) for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+
+    def bind(self, agent: nn.Module, flat: torch.Tensor) -> None:
+        """Make the agent's parameters views of ``flat [P]``: writes to ``flat`` are the module's new weights."""
+        with torch.no_grad():
+            for p, view in zip(agent.parameters(), self.views(flat)):
+                view.copy_(p)
+                p.data = view
+
+    def load_into(self, agent: nn.Module, flat: torch.Tensor) -> nn.Module:
+        """Copy ``flat [P]`` into the agent's parameters; returns the agent."""
+        with torch.no_grad():
+            for p, view in zip(agent.parameters(), self.views(flat)):
+                p.copy_(view)
+        return agent
+
+    def call(self, method: str, flat: torch.Tensor, *args):
+        """``agent.<method>(*args)`` with the weights ``flat [P]`` (differentiable in ``flat``)."""
+        views = self.views(flat)
+        named = {name: views[i] for name, i in self.slots[method]}
+        return functional_call(self.methods[method], named, args, tie_weights=False)
+
+
+class MemberPolicy:
+    """The acting functions of K members over member-major rows ``[K * B, ...]`` (see the module docstring).
+
+    ``get_action_and_value(obs, action=None, noise=None)`` and ``get_value(obs)`` as the agent's, with ``noise``
+    ``[K * B, width]`` drawn by the caller from each member's own generator."""
+
+    def __init__(self, agent: nn.Module, layout: FlatLayout, params: torch.Tensor, autocast):
+        self.agent, self.layout, self.params, self.autocast = agent, layout, params, autocast
+        self.n_members = params.shape[0]
+
+    def _member_act(self, flat, obs, noise):
+        with self.autocast():
+            action, logp, _, value = self.layout.call("get_action_and_value", flat, obs, None, noise)
+        return action, logp, value
+
+    def _member_value(self, flat, obs):
+        with self.autocast():
+            return self.layout.call("get_value", flat, obs)
+
+    def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None):
+        k = self.n_members
+        if k == 1:
+            with self.autocast():
+                return self.agent.get_action_and_value(obs, action, noise)
+        if action is not None:
+            raise ValueError("MemberPolicy evaluates sampled actions only")
+        b = obs.shape[0] // k
+        action, logp, value = vmap(self._member_act)(self.params, obs.view(k, b, *obs.shape[1:]),
+                                                     noise.view(k, b, *noise.shape[1:]))
+        return action.reshape(k * b, *action.shape[2:]), logp.reshape(-1), None, value.reshape(-1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        k = self.n_members
+        if k == 1:
+            with self.autocast():
+                return self.agent.get_value(obs)
+        b = obs.shape[0] // k
+        return vmap(self._member_value)(self.params, obs.view(k, b, *obs.shape[1:])).reshape(-1)

@@ -1,0 +1,218 @@
+"""The PPO / A2C update as one pure function of (parameters, optimizer state, batch, hyperparameters).
+
+    update(params, opt_state, batch, hparams) -> (params, opt_state, metrics)
+
+for one member: ``params [P]`` (the flat weights, ``fastrl.stacked.FlatLayout``), ``opt_state`` (``fastrl.optim``:
+flat moments ``[P]`` and a 0-d ``step``), ``batch`` (the loss inputs ``LOSS_KEYS`` flattened to ``[B, ...]``, plus
+``minibatch_index [n_epochs * n_minibatches, B / n_minibatches]``: the shuffled rows of each minibatch, drawn by
+the caller), ``hparams`` (0-d tensors ``HPARAM_KEYS``: lr, clip_coef, ent_coef, vf_coef, max_grad_norm). For each
+minibatch, in order:
+
+    loss, grad   = grad_and_value(kernels.ppo_loss | kernels.pg_loss of agent(params, minibatch))
+    grad_norm    = ||grad||_2;  grad *= min(max_grad_norm / (grad_norm + 1e-6), 1)   if max_grad_norm > 0
+    params, opt_state = Adam | RMSprop (fastrl.optim)
+    kept only where loss and grad_norm are finite (a NaN/Inf step is skipped, counted in ``nonfinite_updates``)
+    with target_kl > 0: once an epoch ends with approx_kl > target_kl, the later steps are computed and dropped
+
+No host sync and no Python branch on tensor values anywhere, so the same code runs eagerly, under
+``torch.compile(fullgraph=True)``, in CUDA graphs, and under ``torch.func.vmap`` over a leading member axis K (every
+argument ``[K, ...]``): that is how a population trains as one program, with per-member hyperparameters.
+A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled).
+
+``Update.steps`` runs a slice of the minibatch steps (the trainer puts ``compile_plan(...).steps_per_call`` of them
+in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves, between which torchrun
+averages the gradient across ranks. fp16 (CUDA) scales the loss dynamically, with the scale in ``opt_state``.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.func import grad_and_value
+
+from fastrl import kernels
+from fastrl.optim import init_state, optimizer_hparams, optimizer_name, optimizer_step
+from fastrl.stacked import FlatLayout
+
+# The minibatch fields a loss reads, in the order the update takes them.
+LOSS_KEYS = ("observation", "action", "sample_log_prob", "advantage", "state_value", "value_target", "valid")
+HPARAM_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm")
+STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "grad_norm")
+
+
+def stat_names(algo: str) -> tuple:
+    """The step statistics an update reports: A2C's loss has no ratio, so no approx_kl or clipfrac."""
+    return STAT_KEYS if algo == "ppo" else ("policy_loss", "value_loss", "entropy", "grad_norm")
+_NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+_LOSS_SCALE_GROWTH_INTERVAL = 2000  # torch.amp.GradScaler's
+
+
+@dataclass(frozen=True)
+class UpdateSpec:
+    """What an update is, beyond its tensors: fixed for a run, shared by every member."""
+    algo: str  # ppo | a2c
+    optimizer: str  # adam | rmsprop
+    constants: tuple  # sorted (name, value) pairs of fastrl.optim.optimizer_hparams
+    clip_vloss: bool
+    norm_adv: bool
+    target_kl: float
+    n_epochs: int
+    n_minibatches: int
+    loss_scaling: bool  # fp16: dynamic loss scaling
+
+    @classmethod
+    def of(cls, cfg) -> "UpdateSpec":
+        a2c = cfg.algo == "a2c"
+        return cls(cfg.algo, optimizer_name(cfg), tuple(sorted(optimizer_hparams(cfg).items())),
+                   bool(getattr(cfg, "clip_vloss", False)), bool(cfg.norm_adv), 0.0 if a2c else float(cfg.target_kl),
+                   1 if a2c else cfg.n_epochs, 1 if a2c else cfg.n_minibatches, cfg.amp == "fp16")
+
+    @property
+    def n_steps(self) -> int:
+        return self.n_epochs * self.n_minibatches
+
+
+def member_hparams(cfg, device, lr: float | None = None, clip_coef: float | None = None) -> dict:
+    """One member's 0-d hyperparameter tensors (``lr`` float64, so Adam's step size rounds as fused Adam's)."""
+    return {"lr": torch.tensor(cfg.lr if lr is None else lr, dtype=torch.float64, device=device),
+            "clip_coef": torch.tensor(float(cfg.clip_coef if clip_coef is None else clip_coef), device=device),
+            "ent_coef": torch.tensor(float(cfg.ent_coef), device=device),
+            "vf_coef": torch.tensor(float(cfg.vf_coef), device=device),
+            "max_grad_norm": torch.tensor(float(cfg.max_grad_norm), device=device)}
+
+
+class Update:
+    """The update of ``spec`` for the agents shaped like ``layout``'s (see the module docstring)."""
+
+    def __init__(self, spec: UpdateSpec, layout: FlatLayout, autocast=nullcontext):
+        self.spec, self.layout, self.autocast = spec, layout, autocast
+        self.constants = dict(spec.constants)
+        # Eager, one member: the same loss through the agent module (whose parameters are views of the flat weights,
+        # ``FlatLayout.bind``) and torch.autograd, which costs about half of torch.func's transforms per step.
+        self.eager_agent = None
+
+    def init_opt_state(self, params: torch.Tensor) -> dict:
+        """Zero optimizer state for ``params [..., P]`` (and the fp16 loss scale)."""
+        state = init_state(self.spec.optimizer, params)
+        if self.spec.loss_scaling:
+            state["loss_scale"] = torch.full(params.shape[:-1], 2.0 ** 16, device=params.device)
+            state["good_steps"] = torch.zeros(params.shape[:-1], device=params.device)
+        return state
+
+    # ------------------------------------------------------------------ one step's halves
+    def loss(self, params, minibatch: tuple, hparams: dict):
+        """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (None:
+        the weights of ``eager_agent``, bound to the same flat tensor)."""
+        observation, action, old_logp, advantage, old_value, value_target, valid = minibatch
+        with self.autocast():
+            if params is None:
+                _, logp, entropy, value = self.eager_agent.get_action_and_value(observation, action)
+            else:
+                _, logp, entropy, value = self.layout.call("get_action_and_value", params, observation, action)
+        # backend="torch": the composed ops, which inductor fuses (and which torch.func can differentiate).
+        if self.spec.algo == "a2c":
+            return kernels.pg_loss(logp.float(), advantage, value.float(), value_target, entropy.float(), valid,
+                                   vf_coef=hparams["vf_coef"], ent_coef=hparams["ent_coef"],
+                                   normalize_advantage=self.spec.norm_adv, backend="torch")
+        return kernels.ppo_loss(logp.float(), old_logp, advantage, value.float(), old_value, value_target,
+                                entropy.float(), valid, clip_coef=hparams["clip_coef"], vf_coef=hparams["vf_coef"],
+                                ent_coef=hparams["ent_coef"], clip_vloss=self.spec.clip_vloss,
+                                normalize_advantage=self.spec.norm_adv, backend="torch")
+
+    def gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
+        """``(grad [P], loss, stats)``: the loss's gradient (unscaled again under fp16 loss scaling)."""
+        if self.eager_agent is not None and not self.spec.loss_scaling and not torch.compiler.is_compiling():
+            with torch.enable_grad():
+                loss, stats = self.loss(None, minibatch, hparams)
+                grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
+            return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
+        if not self.spec.loss_scaling:
+            grad, (loss, stats) = grad_and_value(self.loss, has_aux=True)(params, minibatch, hparams)
+            return grad, loss, stats
+        scale = opt_state["loss_scale"]
+
+        def scaled(p):
+            loss, stats = self.loss(p, minibatch, hparams)
+            return loss * scale, (loss, stats)
+        grad, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(params)
+        return grad / scale, loss, stats
+
+    def apply(self, params, opt_state: dict, grad, loss, hparams: dict, keep=None):
+        """Clip, guard and optimizer math, out of place: ``(params, opt_state, grad_norm, nonfinite, applied)``.
+        ``keep`` (0-d bool, default True): False computes the step and drops it (target_kl's early stop)."""
+        grad_norm = torch.linalg.vector_norm(grad)
+        max_norm = hparams["max_grad_norm"]
+        scale = torch.where(max_norm > 0, (max_norm / (grad_norm + _NORM_EPS)).clamp(max=1.0), torch.ones_like(grad_norm))
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        applied = finite if keep is None else finite & keep
+        moments = {key: value for key, value in opt_state.items() if key not in ("loss_scale", "good_steps")}
+        new_params, new_moments = optimizer_step(self.spec.optimizer, self.constants, params, grad * scale, moments,
+                                                 hparams["lr"])
+        params = torch.where(applied, new_params, params)
+        new_state = {key: torch.where(applied, new_moments[key], moments[key]) for key in moments}
+        if self.spec.loss_scaling:  # GradScaler's rule: halve on overflow, double after 2000 clean steps
+            good = torch.where(finite, opt_state["good_steps"] + 1, torch.zeros_like(opt_state["good_steps"]))
+            grow = good >= _LOSS_SCALE_GROWTH_INTERVAL
+            loss_scale = torch.where(finite, torch.where(grow, opt_state["loss_scale"] * 2, opt_state["loss_scale"]),
+                                     opt_state["loss_scale"] / 2)
+            new_state["loss_scale"], new_state["good_steps"] = loss_scale, torch.where(grow, torch.zeros_like(good), good)
+        return params, new_state, grad_norm, ~finite, applied
+
+    # ------------------------------------------------------------------ minibatch steps
+    def steps(self, params, opt_state: dict, batch: tuple, index, hparams: dict, active, epoch_ends=None):
+        """Some minibatch steps of the update: ``index [count, B / n_minibatches]`` their rows (None: A2C's one step
+        on the whole batch). ``active`` (0-d bool): False once target_kl stopped the update; ``epoch_ends [count]``
+        (bool, needed with target_kl) marks the steps that end an epoch. Returns ``(params, opt_state, sums,
+        active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``."""
+        spec = self.spec
+        zero = torch.zeros((), device=params.device)
+        stat_keys = stat_names(spec.algo)
+        sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
+        for j in range(1 if index is None else index.shape[0]):
+            minibatch = batch if index is None else tuple(tensor[index[j]] for tensor in batch)
+            grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
+            params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
+                                                                          keep=active)
+            stats = {**stats, "grad_norm": grad_norm}
+            for key in stat_keys:  # where, not a product: a skipped step's NaN must not reach the sums
+                sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
+            sums["n_updates"] = sums["n_updates"] + applied.float()
+            sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
+            if spec.target_kl > 0:
+                active = active & ~(epoch_ends[j] & (stats["approx_kl"] > spec.target_kl))
+        return params, opt_state, sums, active
+
+    # ------------------------------------------------------------------ the whole update
+    def __call__(self, params, opt_state: dict, batch: dict, hparams: dict):
+        """``(params, opt_state, metrics)`` after every minibatch step of one rollout (see the module docstring).
+        ``metrics``: the means of ``STAT_KEYS`` over the applied steps, ``n_updates``, ``nonfinite_updates``."""
+        inputs = tuple(batch[key] for key in LOSS_KEYS)
+        index = batch.get("minibatch_index")
+        active = torch.ones((), dtype=torch.bool, device=params.device)
+        params, opt_state, sums, _ = self.steps(params, opt_state, inputs, index, hparams, active,
+                                                epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device))
+        return params, opt_state, finish_metrics(sums)
+
+
+def finish_metrics(sums: dict) -> dict:
+    """Summed step statistics -> their means over the applied steps (``n_updates`` and ``nonfinite_updates`` stay
+    counts)."""
+    count = sums["n_updates"].clamp(min=1)
+    out = {key: value / count for key, value in sums.items() if key not in ("n_updates", "nonfinite_updates")}
+    out["n_updates"], out["nonfinite_updates"] = sums["n_updates"], sums["nonfinite_updates"]
+    return out
+
+
+def minibatch_index(batch_size: int, n_epochs: int, n_minibatches: int, generator: torch.Generator,
+                    device) -> torch.Tensor:
+    """``[n_epochs * n_minibatches, batch_size / n_minibatches]``: each epoch one ``randperm`` of the batch rows from
+    ``generator``, cut into ``n_minibatches`` equal slices."""
+    size = batch_size // n_minibatches
+    perms = [torch.randperm(batch_size, generator=generator, device=device) for _ in range(n_epochs)]
+    return torch.stack(perms).view(n_epochs * n_minibatches, size)
+
+
+def epoch_end_mask(first: int, count: int, n_minibatches: int, device) -> torch.Tensor:
+    """``[count]`` bool: which of minibatch steps ``first .. first + count - 1`` end an epoch."""
+    return (torch.arange(first + 1, first + count + 1, device=device) % n_minibatches) == 0
