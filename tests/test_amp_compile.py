@@ -1,19 +1,19 @@
 """Mixed precision and torch.compile: same results as eager on a fixed batch, no recompiles after warm-up."""
-import functools
 import warnings
 
 import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import fastrl.amp as amp
-import fastrl.rollout
-from fastrl.amp import CompiledOrEager, autocast_factory, grad_scaler, resolve_compile
+import fastrl.compile
+from fastrl.compile import CompiledOrEager, CompilePlan, compile_plan
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
 from fastrl.models import PixelActorCritic
-from fastrl.ppo import ppo_loss_terms
+from fastrl.precision import autocast_factory, grad_scaler
+from fastrl.stacked import FlatLayout
 from fastrl.train import Trainer
+from fastrl.update import Update, UpdateSpec, member_hparams
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
@@ -34,31 +34,39 @@ def _agent():
     return PixelActorCritic((3, 7, 7), ActionSpec("discrete", n=7), "minigrid_cnn", obs_scale=0.1)
 
 
+def _loss_and_grad(agent, cfg, batch, amp="off", compile_mode="off"):
+    """The update's PPO loss of ``batch`` at the agent's weights (flat, ``fastrl.update.Update.loss``), and its
+    gradient ``[P]``."""
+    layout = FlatLayout(agent)
+    update = Update(UpdateSpec.of(cfg), layout, autocast_factory(torch.device("cpu"), amp))
+    params = layout.flatten(agent).requires_grad_()
+    loss_fn = CompiledOrEager(update.loss, compile_mode, "test loss")
+    loss, stats = loss_fn(params, batch, member_hparams(cfg, torch.device("cpu")))
+    (grad,) = torch.autograd.grad(loss, [params])
+    return loss, stats, grad, loss_fn
+
+
 def test_amp_resolution():
     cpu = torch.device("cpu")
     assert autocast_factory(cpu, "off")().__class__.__name__ == "nullcontext"
     assert grad_scaler(cpu, "bf16") is None and grad_scaler(cpu, "fp16") is None
     with pytest.raises(ValueError, match="bf16"):
         autocast_factory(cpu, "fp16")
-    assert resolve_compile("auto", cpu) == "off"
-    assert resolve_compile("auto", torch.device("cuda")) == "reduce-overhead"  # CUDA graphs
+    assert compile_plan("auto", cpu, 0) == CompilePlan("off", "off", 1)
+    assert compile_plan("auto", torch.device("cuda"), 0)[:2] == ("reduce-overhead", "reduce-overhead")  # CUDA graphs
 
 
 def test_bf16_matches_eager_and_keeps_loss_and_grads_float32():
     agent = _agent()
     cfg = make_config(dict(env="MiniGrid-Empty-5x5-v0", ent_coef=0.01))
     batch = _fixed_batch(agent)
-    loss32, stats32 = ppo_loss_terms(agent, cfg, *batch)
-    grads32 = torch.autograd.grad(loss32, list(agent.parameters()))
-    loss16, stats16 = ppo_loss_terms(agent, cfg, *batch, autocast=autocast_factory(torch.device("cpu"), "bf16"))
-    grads16 = torch.autograd.grad(loss16, list(agent.parameters()))
-    assert loss16.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads16)
+    loss32, stats32, grad32, _ = _loss_and_grad(agent, cfg, batch)
+    loss16, stats16, grad16, _ = _loss_and_grad(agent, cfg, batch, amp="bf16")
+    assert loss16.dtype == torch.float32 and grad16.dtype == torch.float32
     torch.testing.assert_close(loss16, loss32, atol=2e-2, rtol=2e-2)
     for key in ("policy_loss", "value_loss", "entropy"):
         torch.testing.assert_close(stats16[key], stats32[key], atol=2e-2, rtol=2e-2)
-    cos = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in grads16]),
-                                                torch.cat([g.flatten() for g in grads32]), dim=0)
-    assert cos > 0.99
+    assert torch.nn.functional.cosine_similarity(grad16, grad32, dim=0) > 0.99
 
 
 def test_compiled_loss_matches_eager():
@@ -66,15 +74,11 @@ def test_compiled_loss_matches_eager():
     agent = _agent()
     cfg = make_config(dict(env="MiniGrid-Empty-5x5-v0", ent_coef=0.01))
     batch = _fixed_batch(agent)
-    eager_loss, _ = ppo_loss_terms(agent, cfg, *batch)
-    eager_grads = torch.autograd.grad(eager_loss, list(agent.parameters()))
-    compiled = CompiledOrEager(functools.partial(ppo_loss_terms, agent, cfg), "default", "test loss")
-    loss, _ = compiled(*batch)
+    eager_loss, _, eager_grad, _ = _loss_and_grad(agent, cfg, batch)
+    loss, _, grad, compiled = _loss_and_grad(agent, cfg, batch, compile_mode="default")
     assert compiled.compiled, "compilation fell back to eager"
-    grads = torch.autograd.grad(loss, list(agent.parameters()))
     torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=1e-5)
-    for g, e in zip(grads, eager_grads):
-        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(grad, eager_grad, atol=1e-5, rtol=1e-4)
 
 
 def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
@@ -82,7 +86,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
         def call(*args):
             raise RuntimeError("inductor exploded")
         return call
-    monkeypatch.setattr(amp.torch, "compile", broken)
+    monkeypatch.setattr(fastrl.compile.torch, "compile", broken)
     wrapped = CompiledOrEager(lambda x: x + 1, "default", "toy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -97,8 +101,9 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     """Dynamo's guards are what decide recompiles, so the cheap aot_eager backend stands in for inductor here;
     the learning rate changes every iteration and must not trigger one."""
     real_compile = torch.compile
-    monkeypatch.setattr(fastrl.rollout, "SKIP_GUARDS", False)  # guards on: a needed recompile must show
-    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, **kw: real_compile(fn, backend="aot_eager", **kw))
+    monkeypatch.setattr(fastrl.compile, "SKIP_GUARDS", False)  # guards on: a needed recompile must show
+    monkeypatch.setattr(fastrl.compile.torch, "compile",
+                        lambda fn, mode=None, **kw: real_compile(fn, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()
     cfg = make_config(dict(algo=algo, env="MiniGrid-Empty-5x5-v0", n_envs=4, n_steps=8, total_steps=4 * 8 * 10,
@@ -106,8 +111,9 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     trainer = Trainer(cfg)
     trainer.collect()
     trainer.update()  # warm-up
-    # the update runs as one compiled step (forward, loss, gradient, clip, optimizer math); loss_fn is unused then
-    assert trainer.rollout_step.compiled and trainer.step_fn.compiled  # the bootstrap forward stays eager on CPU
+    # the update runs as one compiled call (forward, loss, gradient, clip, optimizer math of every minibatch step)
+    assert trainer.rollout_step.compiled and trainer.update_call.compiled  # the bootstrap forward stays eager on CPU
+    assert trainer.plan == CompilePlan("default", "default", 2 if algo == "ppo" else 1)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs >= 2
     lrs = set()
@@ -118,15 +124,17 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     assert len(lrs) == 3
     assert counters["stats"]["unique_graphs"] == graphs, "something recompiled after warm-up"
     assert not counters["recompiles"], dict(counters["recompiles"])
-    trainer.env.close()
+    trainer.close()
 
 
 def test_bf16_trainer_runs_an_iteration():
-    trainer = Trainer(make_config(dict(env="MiniGrid-Empty-5x5-v0", n_envs=4, n_steps=8, n_minibatches=2, amp="bf16", **QUIET)))
+    trainer = Trainer(make_config(dict(env="MiniGrid-Empty-5x5-v0", n_envs=4, n_steps=8, n_minibatches=2, amp="bf16",
+                                       compile="off", **QUIET)))
     trainer.collect()
     metrics = trainer.update()
-    assert torch.isfinite(metrics["losses/policy_loss"])
-    assert all(p.dtype == torch.float32 for p in trainer.agent.parameters())
-    state = trainer.optimizer.state_dict()["state"]
+    assert torch.isfinite(metrics["losses/policy_loss"]) and metrics["losses/n_updates"].item() == 8
+    assert trainer.params.dtype == torch.float32 and all(p.dtype == torch.float32 for p in trainer.agent.parameters())
+    assert all(v.dtype == torch.float32 for v in trainer.opt_state.values())
+    state = trainer.state_dict()["optimizer"]["state"]
     assert all(v.dtype == torch.float32 for s in state.values() for k, v in s.items() if k != "step")
-    trainer.env.close()
+    trainer.close()

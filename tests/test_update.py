@@ -1,0 +1,241 @@
+"""The pure PPO / A2C update (fastrl/update.py) against its torch.optim twin (tests/reference_update.py), and the
+properties the trainer builds on: vmap over members, chunked calls, compiled = eager, skipped non-finite steps,
+torch.optim's checkpoint format, fp16 loss scaling, and a compile plan that ignores what the cache holds.
+
+All exact checks: no learning here.
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.func import vmap
+
+from fastrl.compile import compile_plan
+from fastrl.config import make_config
+from fastrl.envs import ActionSpec
+from fastrl.models import make_agent
+from fastrl.optim import load_optimizer_state_dict, optimizer_state_dict
+from fastrl.stacked import FlatLayout
+from fastrl.update import LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, member_hparams, minibatch_index
+from reference_update import reference_optimizer, reference_update
+
+OBS, N_ACTIONS, BATCH = (4,), 3, 64
+
+
+def _setup(seed=0, **overrides):
+    cfg = make_config({"n_envs": 8, "n_steps": 8, "n_epochs": 3, "n_minibatches": 4, "lr": 3e-3, **overrides})
+    torch.manual_seed(seed)
+    spec = ActionSpec("discrete", n=N_ACTIONS)
+    agent = make_agent(cfg, OBS, spec, 1.0)
+    return cfg, agent
+
+
+def _batch(cfg, agent, seed=1, continuous=False):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(BATCH, *OBS, generator=g)
+    with torch.no_grad():
+        action, logp, _, value = agent.get_action_and_value(obs)
+    valid = torch.rand(BATCH, generator=g) > 0.1  # some auto-reset rows, masked out of every mean
+    batch = {"observation": obs, "action": action, "sample_log_prob": logp + 0.05 * torch.randn(BATCH, generator=g),
+             "advantage": torch.randn(BATCH, generator=g), "state_value": value,
+             "value_target": value + torch.randn(BATCH, generator=g), "valid": valid}
+    if cfg.algo == "ppo":
+        batch["minibatch_index"] = minibatch_index(BATCH, cfg.n_epochs, cfg.n_minibatches,
+                                                   torch.Generator().manual_seed(seed + 7), "cpu")
+    return batch
+
+
+def _pure(cfg, agent, batch, lr=None):
+    layout = FlatLayout(agent)
+    update = Update(UpdateSpec.of(cfg), layout)
+    params = layout.flatten(agent)
+    state = update.init_opt_state(params)
+    hparams = member_hparams(cfg, "cpu", lr=lr)
+    new_params, new_state, metrics = update(params, state, batch, hparams)
+    return layout, update, new_params, new_state, metrics
+
+
+CASES = [dict(), dict(clip_vloss=True), dict(norm_adv=False), dict(max_grad_norm=0.0), dict(max_grad_norm=0.05),
+         dict(algo="a2c", n_epochs=1, n_minibatches=1), dict(algo="a2c", n_epochs=1, n_minibatches=1, optimizer="adam"),
+         dict(optimizer="rmsprop"), dict(target_kl=1e-4), dict(shared_trunk=True)]
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_pure_update_equals_the_torch_optim_twin(overrides):
+    cfg, agent = _setup(**overrides)
+    twin = copy.deepcopy(agent)
+    batch = _batch(cfg, agent)
+    layout, _, params, state, metrics = _pure(cfg, agent, batch)
+    counts = reference_update(twin, reference_optimizer(twin, cfg), cfg, batch, cfg.lr)
+    torch.testing.assert_close(params, layout.flatten(twin), atol=1e-6, rtol=1e-5)
+    assert metrics["n_updates"].item() == counts["n_updates"]
+    if cfg.target_kl:
+        assert 0 < counts["n_updates"] < cfg.n_epochs * cfg.n_minibatches, "target_kl should stop some epochs here"
+    assert int(state["step"]) == counts["n_updates"]
+
+
+def test_continuous_actions_equal_the_twin():
+    cfg, _ = _setup()
+    torch.manual_seed(0)
+    agent = make_agent(cfg, OBS, ActionSpec("continuous", shape=(2,), low=(-1.0, -1.0), high=(1.0, 1.0)), 1.0)
+    twin = copy.deepcopy(agent)
+    batch = _batch(cfg, agent)
+    layout, _, params, _, _ = _pure(cfg, agent, batch)
+    reference_update(twin, reference_optimizer(twin, cfg), cfg, batch, cfg.lr)
+    torch.testing.assert_close(params, layout.flatten(twin), atol=1e-6, rtol=1e-5)
+
+
+def test_the_eager_autograd_path_equals_the_functional_one():
+    """At K = 1, eagerly, the trainer differentiates through the agent module (``Update.eager_agent``)."""
+    cfg, agent = _setup()
+    batch = _batch(cfg, agent)
+    _, _, functional, _, _ = _pure(cfg, agent, batch)
+    layout = FlatLayout(agent)
+    params = layout.flatten(agent)
+    layout.bind(agent, params)
+    update = Update(UpdateSpec.of(cfg), layout)
+    update.eager_agent = agent
+    state = update.init_opt_state(params)
+    hparams = member_hparams(cfg, "cpu")
+    inputs = tuple(batch[k] for k in LOSS_KEYS)
+    active = torch.ones((), dtype=torch.bool)
+    ends = epoch_end_mask(0, 12, cfg.n_minibatches, "cpu")
+    for j in range(12):  # one step per call, written back, as the trainer does: the module sees the new weights
+        new, state, _, active = update.steps(params, state, inputs, batch["minibatch_index"][j:j + 1], hparams, active,
+                                             ends[j:j + 1])
+        params.copy_(new)
+    torch.testing.assert_close(params, functional, atol=1e-6, rtol=1e-5)
+
+
+def test_vmap_over_members_equals_each_member_alone():
+    members = []
+    for seed in range(3):
+        cfg, agent = _setup(seed=seed, lr=[1e-3, 3e-3, 1e-2][seed])
+        members.append((cfg, agent, _batch(cfg, agent, seed=seed + 10)))
+    layout = FlatLayout(members[0][1])
+    update = Update(UpdateSpec.of(members[0][0]), layout)
+    params = torch.stack([layout.flatten(a) for _, a, _ in members])
+    state = update.init_opt_state(params)
+    hparams = {k: torch.stack([member_hparams(c, "cpu")[k] for c, _, _ in members]) for k in member_hparams(cfg, "cpu")}
+    batch = {k: torch.stack([b[k] for _, _, b in members]) for k in members[0][2]}
+    new_params, _, metrics = vmap(update)(params, state, batch, hparams)
+    for m, (cfg, agent, b) in enumerate(members):
+        _, _, alone, _, alone_metrics = _pure(cfg, agent, b)
+        torch.testing.assert_close(new_params[m], alone, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(metrics["policy_loss"][m], alone_metrics["policy_loss"], atol=1e-6, rtol=1e-5)
+
+
+def test_steps_in_chunks_equal_the_whole_update():
+    cfg, agent = _setup(target_kl=2e-3)
+    batch = _batch(cfg, agent)
+    layout, update, whole, _, whole_metrics = _pure(cfg, agent, batch)
+    params = layout.flatten(agent)
+    state = update.init_opt_state(params)
+    hparams = member_hparams(cfg, "cpu")
+    inputs = tuple(batch[k] for k in LOSS_KEYS)
+    active = torch.ones((), dtype=torch.bool)
+    applied = 0.0
+    for first in range(0, 12, 4):  # one epoch of 4 minibatches per call
+        params, state, sums, active = update.steps(params, state, inputs, batch["minibatch_index"][first:first + 4],
+                                                   hparams, active, epoch_end_mask(first, 4, cfg.n_minibatches, "cpu"))
+        applied += sums["n_updates"].item()
+    torch.testing.assert_close(params, whole, atol=0, rtol=0)
+    assert applied == whole_metrics["n_updates"].item()
+
+
+def test_a_nonfinite_minibatch_changes_nothing_and_is_counted():
+    cfg, agent = _setup(n_epochs=1, n_minibatches=1)
+    batch = _batch(cfg, agent)
+    batch["advantage"][3] = float("nan")
+    layout, _, params, state, metrics = _pure(cfg, agent, batch)
+    torch.testing.assert_close(params, layout.flatten(agent), atol=0, rtol=0)
+    assert metrics["nonfinite_updates"].item() == 1 and metrics["n_updates"].item() == 0
+    assert int(state["step"]) == 0 and torch.isfinite(metrics["policy_loss"])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
+def test_optimizer_state_round_trips_through_torch_optims_format(optimizer):
+    """The flat state written as torch.optim's state_dict loads into torch.optim, whose next step equals ours."""
+    cfg, agent = _setup(optimizer=optimizer, n_epochs=1, n_minibatches=1)
+    batch = _batch(cfg, agent)
+    layout, update, params, state, _ = _pure(cfg, agent, batch)
+    saved = optimizer_state_dict(update.spec.optimizer, update.constants, state, layout.numels, layout.shapes, cfg.lr)
+    twin = layout.load_into(copy.deepcopy(agent), params)
+    torch_optimizer = reference_optimizer(twin, cfg)
+    torch_optimizer.load_state_dict(saved)
+    reference_update(twin, torch_optimizer, cfg, batch, cfg.lr)
+    ours, _, _ = update(params, state, batch, member_hparams(cfg, "cpu"))
+    torch.testing.assert_close(ours, layout.flatten(twin), atol=1e-6, rtol=1e-5)
+    loaded = update.init_opt_state(params)
+    load_optimizer_state_dict(update.spec.optimizer, torch_optimizer.state_dict(), loaded, layout.numels)
+    assert int(loaded["step"]) == 2
+
+
+def test_fp16_loss_scaling_math_keeps_the_update_and_halves_on_overflow():
+    """Dynamic loss scaling (what fp16 uses on CUDA), checked in float32: the scaled gradient, unscaled, is the same
+    update; a non-finite step halves the scale and leaves the weights."""
+    cfg, agent = _setup(n_epochs=1, n_minibatches=1)
+    batch = _batch(cfg, agent)
+    _, _, plain, _, _ = _pure(cfg, agent, batch)
+    layout = FlatLayout(agent)
+    update = Update(UpdateSpec.of(cfg).__class__(**{**UpdateSpec.of(cfg).__dict__, "loss_scaling": True}), layout)
+    params = layout.flatten(agent)
+    state = update.init_opt_state(params)
+    scaled, state, _ = update(params, state, batch, member_hparams(cfg, "cpu"))
+    torch.testing.assert_close(scaled, plain, atol=1e-6, rtol=1e-5)
+    batch["advantage"][0] = float("inf")
+    again, state2, metrics = update(scaled, state, batch, member_hparams(cfg, "cpu"))
+    assert torch.equal(again, scaled) and state2["loss_scale"].item() == state["loss_scale"].item() / 2
+
+
+def test_compiled_update_equals_eager(monkeypatch):
+    cfg, agent = _setup()
+    batch = _batch(cfg, agent)
+    layout, update, eager, _, _ = _pure(cfg, agent, batch)
+    params = layout.flatten(agent)
+    compiled = torch.compile(update, backend="aot_eager", fullgraph=True)
+    result, _, _ = compiled(params, update.init_opt_state(params), batch, member_hparams(cfg, "cpu"))
+    torch.testing.assert_close(result, eager, atol=1e-6, rtol=1e-5)
+
+
+def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
+    """The plan has no cache input: the same arguments give the same plan whatever the inductor cache holds."""
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "empty"))
+    empty = [compile_plan("auto", cpu, steps, steps * 10) for steps in (10, 20_000, 10**6)]
+    (tmp_path / "full" / "fastrl_compiled").mkdir(parents=True)
+    for name in ("a", "b"):
+        (tmp_path / "full" / "fastrl_compiled" / name).touch()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "full"))
+    full = [compile_plan("auto", cpu, steps, steps * 10) for steps in (10, 20_000, 10**6)]
+    assert empty == full
+    assert [p.update for p in empty] == ["off", "default", "default"]
+    assert compile_plan("auto", torch.device("cuda"), 0).update == "reduce-overhead"
+    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=2).steps_per_call == 8
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=32).steps_per_call == 1
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=4).steps_per_call == 4
+
+
+def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
+    """The same command and seed, compiled, first with an empty inductor cache, then with the filled one: the same
+    numbers in metrics.jsonl and the same plan in summary.json."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "WANDB_MODE": "disabled"}
+    args = ["--total-steps", "1024", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1", "--n-minibatches", "2",
+            "--hidden-sizes", "16", "16", "--compile", "default", "--eval-episodes", "0", "--no-progress",
+            "--tensorboard", "false", "--wandb", "disabled", "--plot", "false", "--log-interval", "1", "--seed", "4"]
+    rows = []
+    for name in ("cold", "warm"):
+        run_dir = tmp_path / name
+        out = subprocess.run([sys.executable, "-m", "fastrl.train", *args, "--run-dir", str(run_dir)], env=env,
+                             capture_output=True, text=True, timeout=400)
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["compiled"]["update"] == "default"
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        rows.append([{k: v for k, v in row.items() if k.startswith(("losses/", "charts/episodic"))} for row in lines])
+    assert rows[0] == rows[1] and len(rows[0]) >= 4
