@@ -106,7 +106,7 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
 
 
 def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:
-    from fastrl.preflight import probe_env
+    from fastrl.envs import probe_env
     try:
         return probe_env(cfg)
     except UserError as e:

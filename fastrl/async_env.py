@@ -160,6 +160,6 @@ def resolve_env_mode(cfg, n_envs: int) -> str:
         return cfg.env_mode
     if async_unsupported(cfg.env, cfg.env_backend, n_envs, normalize=cfg.normalize_obs or cfg.normalize_reward):
         return "sync"
-    from fastrl.preflight import probe_env
+    from fastrl.envs import probe_env
     observation_shape = probe_env(cfg)[0]
     return "async" if len(observation_shape) == 3 else "sync"

@@ -29,13 +29,16 @@ def _f(default, help: str, choices=None):
 
 ALGOS = ("ppo", "a2c", "impala", "appo")
 ACTOR_LEARNER_ALGOS = ("impala", "appo")
-# Per-algorithm defaults, applied under the YAML file and the flags (an A2C run needs no config file).
+# Per-algorithm defaults, applied over the field defaults (PPO's: ``Config()`` is the embedded default) and under the
+# YAML file and the flags (an A2C or IMPALA run needs no config file).
+_ACTOR_LEARNER_DEFAULTS = dict(n_envs=8, n_steps=32, n_epochs=20, n_minibatches=1, lr=1e-3, clip_vloss=True,
+                               total_steps=120_000)
 ALGO_DEFAULTS = {
-    # The embedded default (python -m fastrl.train): PPO on CartPole-v1 tuned for wall-clock time to solve on a CPU
-    # (large batch, few gradient steps, no value clipping); see configs/ppo/cartpole.yaml for how it was chosen.
-    "ppo": dict(n_envs=32, n_steps=32, n_epochs=4, n_minibatches=2, lr=2.5e-3, clip_vloss=False, total_steps=250_000),
+    "ppo": {},
     "a2c": dict(n_steps=5, lr=7e-4, lr_floor=1e-5, anneal_lr=True, gamma=0.99, gae_lambda=1.0, ent_coef=0.01,
                 vf_coef=0.5, max_grad_norm=0.5, n_epochs=1, n_minibatches=1, norm_adv=False, clip_vloss=False),
+    "impala": _ACTOR_LEARNER_DEFAULTS,
+    "appo": _ACTOR_LEARNER_DEFAULTS,
 }
 
 # Keys only some algorithms read: (the algorithms that read it, why the others do not, the fix). Given in a YAML
@@ -59,16 +62,17 @@ APPLIES_TO = {
 
 @dataclass
 class Config:
-    """Every knob of a run. The defaults, with ``ALGO_DEFAULTS[algo]`` over them, are the embedded default: PPO on
-    CartPole-v1, tuned for wall-clock time to a last-100 mean of 475 on a 2-core CPU (configs/ppo/cartpole.yaml holds
-    the same values)."""
+    """Every knob of a run. ``Config()`` is the embedded default: PPO on CartPole-v1, tuned for wall-clock time to a
+    last-100 mean of 475 on a 2-core CPU (large batch, few gradient steps, no value clipping; configs/ppo/cartpole.yaml
+    holds the same values and says how they were chosen). Other algorithms start from ``ALGO_DEFAULTS[algo]`` over
+    these (``make_config``)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
                                  "(imports module first, so its Gymnasium registration runs)")
-    n_envs: int = _f(8, "parallel environments of each agent: of each population member, of all torchrun ranks together "
+    n_envs: int = _f(32, "parallel environments of each agent: of each population member, of all torchrun ranks together "
                         "(split evenly across them unless per_rank); impala/appo: of each actor process")
-    total_steps: int = _f(120_000, "environment steps to train each agent for (all ranks together; a population: per "
+    total_steps: int = _f(250_000, "environment steps to train each agent for (all ranks together; a population: per "
                                    "member)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     n_seeds: int = _f(1, "train this many agents in one process (a population), seeds seed, seed+1, ...; with vary, "
@@ -119,7 +123,7 @@ class Config:
                       ("auto", "off", "default", "max-autotune", "reduce-overhead"))
     # --- optimisation (shared by the algorithms) ---
     n_steps: int = _f(32, "rollout length T per env per iteration")
-    lr: float = _f(1e-3, "learning rate")
+    lr: float = _f(2.5e-3, "learning rate")
     anneal_lr: bool = _f(True, "anneal the learning rate linearly to lr_floor")
     lr_floor: float = _f(1e-5, "final learning rate of the linear schedule")
     adam_eps: float = _f(1e-5, "Adam epsilon")
@@ -132,12 +136,12 @@ class Config:
     vf_coef: float = _f(0.5, "value loss coefficient")
     max_grad_norm: float = _f(0.5, "global gradient-norm clip (0 disables)")
     # --- PPO ---
-    n_epochs: int = _f(20, "PPO epochs per rollout")
-    n_minibatches: int = _f(1, "PPO minibatches per epoch")
+    n_epochs: int = _f(4, "PPO epochs per rollout")
+    n_minibatches: int = _f(2, "PPO minibatches per epoch")
     clip_coef: float = _f(0.2, "PPO surrogate clip range")
     anneal_clip: bool = _f(False, "anneal clip_coef linearly to 0 over the run, per iteration, as the learning rate "
                                   "anneals (SB3's lin_0.2 clip_range); ppo only")
-    clip_vloss: bool = _f(True, "clip the value loss around the old value")
+    clip_vloss: bool = _f(False, "clip the value loss around the old value")
     norm_adv: bool = _f(True, "normalize advantages per minibatch")
     target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")
     # --- IMPALA / APPO (asynchronous actor-learner; n_envs and n_steps are per actor and per rollout) ---

@@ -585,3 +585,25 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
         env.stats = MemberEpisodeStats(k, n_envs // k)
     gammas = [m.gamma for m in members] if k > 1 else cfg.gamma
     return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, gammas, cfg.obs_clip, cfg.reward_clip, training)
+
+
+def probe_env(cfg) -> tuple[tuple, torch.dtype, ActionSpec]:
+    """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
+    (cached per env settings)."""
+    kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
+    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env))
+
+
+@functools.lru_cache(maxsize=32)
+def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None) -> tuple[tuple, torch.dtype, ActionSpec]:
+    """``identity`` (the env's class, factory or Gymnasium entry point) keys the cache only: a redefined class or a
+    re-registered id under the same name is probed afresh."""
+    try:
+        env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None)
+    except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
+    try:
+        return tuple(env.observation_shape), env.observation_dtype, env.action_spec
+    finally:
+        env.close()

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
-from fastrl.envs import ActionSpec
+from fastrl.envs import probe_env
 
 _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
@@ -151,30 +151,6 @@ def check_env_mode(cfg: Config, world_size: int = 1) -> None:
     why = async_unsupported(cfg.env, cfg.env_backend, n_envs)
     if why:
         raise UserError(f"env_mode=async: {why}; or use --env-mode sync (or auto)")
-
-
-def probe_env(cfg: Config) -> tuple[tuple, torch.dtype, ActionSpec]:
-    """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
-    (cached per env settings)."""
-    from fastrl.envs import atari_kwargs, env_identity, is_atari
-    kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
-    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env))
-
-
-@functools.lru_cache(maxsize=32)
-def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None) -> tuple[tuple, torch.dtype, ActionSpec]:
-    """``identity`` (the env's class, factory or Gymnasium entry point) keys the cache only: a redefined class or a
-    re-registered id under the same name is probed afresh."""
-    from fastrl.envs import BatchedEnv
-    try:
-        env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None)
-    except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
-    try:
-        return tuple(env.observation_shape), env.observation_dtype, env.action_spec
-    finally:
-        env.close()
 
 
 def check_model(cfg: Config, observation_shape: tuple, observation_dtype: torch.dtype) -> None:
