@@ -185,6 +185,13 @@ def bench_kernels(device: torch.device, shapes: list, timing_s: float, min_reps:
 
 
 # ---------------------------------------------------------------------------------------------- end to end
+def rollout_compiled(trainer) -> bool:
+    """Whether the rollout's policy step runs compiled: ``CompiledRolloutStep`` (CPU, sync envs) or else the
+    compiled policy forward."""
+    step = trainer.rollout_step if trainer.rollout_step is not None else trainer.policy_step
+    return bool(step.compiled)
+
+
 def run_variant(base: dict, yaml_path: str, warmup_iterations: int, iterations: int, device: torch.device) -> dict:
     """Build a Trainer from ``base`` over ``yaml_path``, run ``warmup_iterations`` (compiling happens here), then time
     ``iterations`` of ``collect(); update()``. Returns env steps/s, warm-up seconds, what compiled, how many graphs
@@ -215,8 +222,8 @@ def run_variant(base: dict, yaml_path: str, warmup_iterations: int, iterations: 
         sections = {k.removeprefix("time/").removesuffix("_s"): v for k, v in trainer.timer.pop().items()}
         steps = iterations * cfg.n_envs * cfg.n_steps
         return {"status": "ok", "sps": steps / elapsed, "timed_steps": steps, "warmup_s": warmup_s,
-                "rollout_compiled": bool(trainer.policy_step.compiled),
-                "update_compiled": trainer.step_fn is not None and bool(trainer.step_fn.compiled),
+                "rollout_compiled": rollout_compiled(trainer),
+                "update_compiled": bool(trainer.update_call.compiled), "compile_plan": trainer.plan.to_dict(),
                 "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips_before,
                 "n_steps": cfg.n_steps, "n_minibatches": cfg.n_minibatches, "minibatch_size": cfg.minibatch_size,
                 "n_epochs": cfg.n_epochs, "sections_s": sections}

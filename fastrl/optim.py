@@ -47,14 +47,15 @@ def init_state(kind: str, params: torch.Tensor) -> dict:
 
 
 def adam_step(params, grad, state: dict, lr, betas: tuple, eps: float) -> tuple[torch.Tensor, dict]:
-    """One Adam step on flat tensors, out of place: ``(new_params, new_state)``. ``lr``: a 0-d float64 tensor.
+    """One Adam step on flat tensors, out of place: ``(new_params, new_state)``. ``params``, ``grad`` and the moments
+    ``[..., P]``; ``lr`` (float64) and ``step`` ``[...]``: one member (0-d) or K (``[K]``), broadcast over P.
 
     The step size and bias corrections are computed in float64, as fused Adam does on the host."""
     beta1, beta2 = betas
     step = state["step"] + 1
     step64 = step.double()
-    step_size = (lr / (1 - beta1 ** step64)).float()
-    bias_correction2_sqrt = (1 - beta2 ** step64).sqrt().float()
+    step_size = (lr / (1 - beta1 ** step64)).float()[..., None]
+    bias_correction2_sqrt = (1 - beta2 ** step64).sqrt().float()[..., None]
     exp_avg = state["exp_avg"] * beta1 + grad * (1 - beta1)
     exp_avg_sq = state["exp_avg_sq"] * beta2 + grad * grad * (1 - beta2)
     denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
@@ -62,9 +63,9 @@ def adam_step(params, grad, state: dict, lr, betas: tuple, eps: float) -> tuple[
 
 
 def rmsprop_step(params, grad, state: dict, lr, alpha: float, eps: float) -> tuple[torch.Tensor, dict]:
-    """One RMSprop step on flat tensors, out of place: ``(new_params, new_state)``."""
+    """One RMSprop step on flat tensors, out of place: ``(new_params, new_state)`` (shapes as ``adam_step``'s)."""
     square_avg = state["square_avg"] * alpha + grad * grad * (1 - alpha)
-    new_params = params - lr.float() * (grad / (square_avg.sqrt() + eps))
+    new_params = params - lr.float()[..., None] * (grad / (square_avg.sqrt() + eps))
     return new_params, {"square_avg": square_avg, "step": state["step"] + 1}
 
 

@@ -300,6 +300,8 @@ class Trainer:
                                                              squeeze(index), squeeze(hparams), active[0])
             new_params, sums, active = new_params[None], {k: v[None] for k, v in sums.items()}, active[None]
             new_state = {k: v[None] for k, v in new_state.items()}
+        elif not self.update_call.compiled:  # K members eagerly: the update broadcasts over the member axis itself
+            new_params, new_state, sums, active = one_member(params, opt_state, batch, index, hparams, active)
         else:
             in_dims = (0, 0, 0, None if index is None else 0, 0, 0)
             new_params, new_state, sums, active = vmap(one_member, in_dims=in_dims)(params, opt_state, batch, index,

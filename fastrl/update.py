@@ -19,6 +19,10 @@ No host sync and no Python branch on tensor values anywhere, so the same code ru
 argument ``[K, ...]``): that is how a population trains as one program, with per-member hyperparameters.
 A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled).
 
+Eagerly, K members also run without an outer vmap: ``Update.steps`` on ``[K, P]`` parameters (``[K, ...]`` batches,
+``[K]`` hyperparameters) takes the members' losses through one vmapped forward and one backward of their sum, and
+the clip, guard and optimizer math broadcast over the member axis: the same ops as one member, on bigger tensors.
+
 ``Update.steps`` runs a slice of the minibatch steps (the trainer puts ``compile_plan(...).steps_per_call`` of them
 in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves, between which torchrun
 averages the gradient across ranks. fp16 (CUDA) scales the loss dynamically, with the scale in ``opt_state``.
@@ -29,7 +33,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
-from torch.func import grad_and_value
+from torch.func import grad_and_value, vmap
 
 from fastrl import kernels
 from fastrl.optim import init_state, optimizer_hparams, optimizer_name, optimizer_step
@@ -127,10 +131,21 @@ class Update:
                 loss, stats = self.loss(None, minibatch, hparams)
                 grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
             return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
-        if not self.spec.loss_scaling:
+        scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
+        if params.dim() == 2 and not torch.compiler.is_compiling():
+            # K members, eagerly: the members' losses through one vmapped forward, and one backward of their sum
+            # (member m's weights reach only member m's loss), instead of torch.func's per-member transforms.
+            with torch.enable_grad():
+                weights = params.detach().requires_grad_()
+                loss, stats = vmap(self.loss)(weights, minibatch, hparams)
+                total = (loss * scale).sum() if scale is not None else loss.sum()
+                grad, = torch.autograd.grad(total, weights)
+            return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
+        if params.dim() == 2:
+            return vmap(self.gradient)(params, opt_state, minibatch, hparams)
+        if scale is None:
             grad, (loss, stats) = grad_and_value(self.loss, has_aux=True)(params, minibatch, hparams)
             return grad, loss, stats
-        scale = opt_state["loss_scale"]
 
         def scaled(p):
             loss, stats = self.loss(p, minibatch, hparams)
@@ -140,17 +155,19 @@ class Update:
 
     def apply(self, params, opt_state: dict, grad, loss, hparams: dict, keep=None):
         """Clip, guard and optimizer math, out of place: ``(params, opt_state, grad_norm, nonfinite, applied)``.
-        ``keep`` (0-d bool, default True): False computes the step and drops it (target_kl's early stop)."""
-        grad_norm = torch.linalg.vector_norm(grad)
+        ``keep`` (bool, default True): False computes the step and drops it (target_kl's early stop). Works on one
+        member (``[P]``, 0-d figures) and on K at once (``[K, P]``, ``[K]`` figures) alike."""
+        grad_norm = torch.linalg.vector_norm(grad, dim=-1)
         max_norm = hparams["max_grad_norm"]
         scale = torch.where(max_norm > 0, (max_norm / (grad_norm + _NORM_EPS)).clamp(max=1.0), torch.ones_like(grad_norm))
         finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
         applied = finite if keep is None else finite & keep
         moments = {key: value for key, value in opt_state.items() if key not in ("loss_scale", "good_steps")}
-        new_params, new_moments = optimizer_step(self.spec.optimizer, self.constants, params, grad * scale, moments,
-                                                 hparams["lr"])
-        params = torch.where(applied, new_params, params)
-        new_state = {key: torch.where(applied, new_moments[key], moments[key]) for key in moments}
+        new_params, new_moments = optimizer_step(self.spec.optimizer, self.constants, params, grad * scale[..., None],
+                                                 moments, hparams["lr"])
+        params = torch.where(applied[..., None], new_params, params)
+        new_state = {key: torch.where(applied if value.dim() < params.dim() else applied[..., None], new_moments[key],
+                                      value) for key, value in moments.items()}
         if self.spec.loss_scaling:  # GradScaler's rule: halve on overflow, double after 2000 clean steps
             good = torch.where(finite, opt_state["good_steps"] + 1, torch.zeros_like(opt_state["good_steps"]))
             grow = good >= _LOSS_SCALE_GROWTH_INTERVAL
@@ -166,11 +183,11 @@ class Update:
         (bool, needed with target_kl) marks the steps that end an epoch. Returns ``(params, opt_state, sums,
         active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``."""
         spec = self.spec
-        zero = torch.zeros((), device=params.device)
+        zero = torch.zeros(params.shape[:-1], device=params.device)
         stat_keys = stat_names(spec.algo)
         sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
-        for j in range(1 if index is None else index.shape[0]):
-            minibatch = batch if index is None else tuple(tensor[index[j]] for tensor in batch)
+        for j in range(1 if index is None else index.shape[-2]):
+            minibatch = batch if index is None else tuple(_gather_rows(tensor, index, j) for tensor in batch)
             grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
             params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                           keep=active)
@@ -193,6 +210,15 @@ class Update:
         params, opt_state, sums, _ = self.steps(params, opt_state, inputs, index, hparams, active,
                                                 epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device))
         return params, opt_state, finish_metrics(sums)
+
+
+def _gather_rows(tensor: torch.Tensor, index: torch.Tensor, j: int) -> torch.Tensor:
+    """Minibatch ``j``'s rows: ``tensor [B, ...]`` and ``index [count, mb]``, or K members' ``[K, B, ...]`` and
+    ``[K, count, mb]``."""
+    if index.dim() == 2:
+        return tensor[index[j]]
+    members = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
+    return tensor[members, index[:, j]]
 
 
 def finish_metrics(sums: dict) -> dict:

@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-import fastrl.amp as amp
+import fastrl.compile
 from fastrl.config import UserError, make_config
-from fastrl.learner import CompiledUpdate
 from fastrl.trainer import Trainer
 
 TINY = dict(n_envs=2, n_steps=8, total_steps=64, n_epochs=2, n_minibatches=2, device="cpu", progress=False,
@@ -23,20 +22,23 @@ def test_clip_anneals_linearly_to_zero_on_the_lr_clock():
             trainer.collect()
             metrics = trainer.update()
             assert metrics["charts/clip_coef"] == pytest.approx(0.2 * (1 - k / 4))
-            assert trainer.loss_cfg.clip_coef.item() == pytest.approx(0.2 * (1 - k / 4))
+            assert trainer.hparams["clip_coef"].tolist() == pytest.approx([0.2 * (1 - k / 4)])
         assert trainer.cfg.clip_coef == 0.2  # the run's config (checkpoints, logs) keeps the initial value
     finally:
         trainer.close()
     fixed = _trainer()
     try:
         fixed.collect()
-        assert "charts/clip_coef" not in fixed.update() and fixed.loss_cfg is fixed.cfg
+        assert "charts/clip_coef" not in fixed.update()
+        assert fixed.hparams["clip_coef"].tolist() == pytest.approx([0.2])
     finally:
         fixed.close()
 
 
 @pytest.mark.parametrize("path", ["eager", "functional"])
 def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
+    """``eager``: the update's eager path (the agent module and autograd); ``functional``: the code the compiled call
+    runs (torch.func on the flat weights, clip_coef a 0-d tensor input), run eagerly."""
     """Iteration 2 of 4 with anneal_clip trains exactly as a run whose clip_coef is 0.1."""
     trainers = []
     try:
@@ -44,8 +46,8 @@ def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
             trainer = _trainer(**overrides)
             trainers.append(trainer)
             trainer.iteration = 2
-            if path == "functional":  # the compiled step's code, run eagerly: clip_coef is its 0-d tensor input
-                trainer.step_fn = CompiledUpdate(trainer.agent, trainer.optimizer, trainer.loss_cfg, "ppo", mode="off")
+            if path == "functional":
+                trainer.update_fn.eager_agent = None
             trainer.collect()
         annealed, fixed = trainers
         for key in ("observation", "action", "sample_log_prob"):
@@ -61,18 +63,18 @@ def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
 
 def test_compiled_step_follows_the_schedule_without_recompiling(monkeypatch):
     real_compile = torch.compile  # dynamo's guards and graph capture, with the cheap aot_eager backend
-    monkeypatch.setattr(amp.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
+    monkeypatch.setattr(fastrl.compile.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
         fn, backend="aot_eager", fullgraph=fullgraph, dynamic=dynamic))
     trainer = _trainer(anneal_clip=True, compile="default")
     try:
         trainer.collect()
         trainer.update()  # compiles
-        assert trainer.step_fn is not None and trainer.step_fn.compiled
+        assert trainer.update_call.compiled
         with torch._dynamo.config.patch(error_on_recompile=True):
             for k in (1, 2, 3):
                 trainer.collect()
                 assert trainer.update()["charts/clip_coef"] == pytest.approx(0.2 * (1 - k / 4))
-                assert trainer.step_fn.clip_coef.item() == pytest.approx(0.2 * (1 - k / 4))
+                assert trainer.hparams["clip_coef"].tolist() == pytest.approx([0.2 * (1 - k / 4)])
     finally:
         trainer.close()
 

@@ -261,7 +261,7 @@ def test_not_applicable_key_from_yaml_is_refused(tmp_path):
     message = one_line_error(parse_cli, ["--config", str(path)])
     assert "n_epochs=4 does not apply to impala" in message and "--algo appo" in message
     # a flag back to the default wins over the YAML value
-    assert parse_cli(["--config", str(path), "--n-epochs", str(Config.n_epochs)]).algo == "impala"
+    assert parse_cli(["--config", str(path), "--n-epochs", str(algo_default("impala", "n_epochs"))]).algo == "impala"
 
 
 @pytest.mark.parametrize("algo", ALGOS)

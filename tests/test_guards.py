@@ -7,7 +7,6 @@ import torch
 from fastrl.config import make_config
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.loop import save_if_finite
-from fastrl.ppo import compute_advantages, ppo_update
 from fastrl.train import Trainer, run
 
 QUIET = dict(wandb="disabled", tensorboard=False, progress=False, plot=False)
@@ -66,22 +65,26 @@ def test_nonfinite_streak_triggers_rollback():
 
 
 def test_nan_loss_skips_the_update_and_is_counted():
-    cfg = make_config(dict(n_envs=4, n_steps=8, n_epochs=2, n_minibatches=2, **QUIET))
+    cfg = make_config(dict(n_envs=4, n_steps=8, n_epochs=2, n_minibatches=2, compile="off", **QUIET))
     trainer = Trainer(cfg)
     trainer.collect()
-    compute_advantages(trainer.buffer, cfg.gamma, cfg.gae_lambda)
-    trainer.buffer["value_target"][0, 0] = float("nan")
-    before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
-    metrics = ppo_update(trainer.agent, trainer.optimizer, trainer.buffer, cfg, trainer.sample_generator)
+    before = trainer.params.clone()
+    trainer.buffer["sample_log_prob"][0, 0] = float("nan")  # one sample's ratio, so its minibatch's loss, is NaN
+    metrics = trainer.update()
     # The NaN sample lands in one minibatch per epoch: those two updates are skipped, the others run.
-    assert metrics["losses/nonfinite_updates"].item() == 2
-    assert all_finite(trainer.agent)
-    trainer.buffer["value_target"].fill_(float("nan"))
-    trainer.agent.load_state_dict(before)
-    metrics = ppo_update(trainer.agent, trainer.optimizer, trainer.buffer, cfg, trainer.sample_generator)
-    assert metrics["losses/nonfinite_updates"].item() == 4
-    for key, value in trainer.agent.state_dict().items():
-        assert torch.equal(value, before[key]), f"{key} changed by a skipped update"
+    assert metrics["losses/nonfinite_updates"].item() == 2 and metrics["losses/n_updates"].item() == 2
+    assert trainer.opt_state["step"].tolist() == [2.0], "a skipped update is no optimizer step"
+    assert all_finite(trainer.agent) and trainer.weights_finite()
+    assert not torch.equal(trainer.params, before)
+    trainer.buffer["sample_log_prob"].fill_(float("nan"))
+    trainer.params.copy_(before)
+    state = {key: value.clone() for key, value in trainer.opt_state.items()}
+    metrics = trainer.update()
+    assert metrics["losses/nonfinite_updates"].item() == 4 and metrics["losses/n_updates"].item() == 0
+    assert torch.equal(trainer.params, before), "the weights changed by a skipped update"
+    for key, value in trainer.opt_state.items():
+        assert torch.equal(value, state[key]), f"{key} changed by a skipped update"
+    trainer.close()
 
 
 def test_poisoned_weights_are_never_checkpointed(tmp_path):
@@ -97,19 +100,39 @@ def test_poisoned_weights_are_never_checkpointed(tmp_path):
 
 
 def test_roll_back_restores_weights_and_scales_lr():
-    cfg = make_config(dict(n_envs=2, n_steps=4, **QUIET))
+    cfg = make_config(dict(n_envs=2, n_steps=4, compile="off", **QUIET))
     trainer = Trainer(cfg)
-    saved = {k: {kk: vv.clone() if torch.is_tensor(vv) else vv for kk, vv in v.items()} if k == "model" else v
-             for k, v in trainer.weights_state().items()}
+    saved = trainer.weights_state()
+    model = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
     with torch.no_grad():
-        for p in trainer.agent.parameters():
-            p.add_(1.0)
-    lr_before = trainer.current_lr()
+        trainer.params.add_(1.0)
+        trainer.opt_state["step"].fill_(3.0)
     trainer.roll_back(saved, 0.5)
-    for key, value in trainer.agent.state_dict().items():
-        assert torch.equal(value, saved["model"][key])
-    assert trainer.current_lr() == pytest.approx(0.5 * lr_before)
+    for key, value in trainer.agent.state_dict().items():  # the module acts with the restored weights
+        assert torch.equal(value, model[key])
+    assert trainer.opt_state["step"].tolist() == [0.0]
+    assert trainer.lr_scale == 0.5
     assert trainer.env.stats.recent()[0].numel() == 0
+    trainer.collect()
+    assert trainer.update()["charts/learning_rate"].item() == pytest.approx(0.5 * cfg.lr)
+    trainer.close()
+
+
+def test_roll_back_of_one_member_leaves_the_others():
+    trainer = Trainer(make_config(dict(n_envs=2, n_steps=4, n_seeds=3, compile="off", **QUIET)))
+    saved = trainer.weights_state(1)
+    before = trainer.params.clone()
+    with torch.no_grad():
+        trainer.params.add_(1.0)
+    trainer.roll_back(saved, 0.5, 1)
+    assert torch.equal(trainer.params[1], before[1])
+    assert torch.equal(trainer.params[0], before[0] + 1) and torch.equal(trainer.params[2], before[2] + 1)
+    assert trainer.lr_scales == [1.0, 0.5, 1.0]
+    trainer.collect()
+    trainer.update()
+    lr = trainer.cfg.lr  # the first iteration's, before any annealing
+    assert trainer.hparams["lr"].tolist() == pytest.approx([lr, 0.5 * lr, lr])
+    trainer.close()
 
 
 def test_stop_at_return_records_steps_and_time(tmp_path):
