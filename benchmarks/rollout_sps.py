@@ -166,7 +166,8 @@ def bench_train(env_id, n_envs, n_steps, iterations, variants, threads):
         sections = trainer.timer.pop()
         row = {"variant": name, "env": env_id, "env_mode": trainer.env_mode, "n_envs": n_envs, "n_steps": n_steps,
                "iterations": iterations, "sps": iterations * n_envs * n_steps / elapsed, "warmup_s": warmup,
-               "compiled": bool(trainer.loss_fn.compiled), "sections_s": sections}
+               "compiled": bool(trainer.update_call.compiled), "compile_plan": trainer.plan.to_dict(),
+               "sections_s": sections}
         results.append(row)
         print(f"train {env_id} {name}: {row['sps']:,.0f} steps/s (warm-up {warmup:.1f}s) {sections}", flush=True)
         trainer.close()

@@ -28,6 +28,7 @@ import time
 import torch
 
 from benchmarks.common import default_out, interleaved, machine_info, markdown_table, write_json
+from fastrl.compile import skip_guards
 from fastrl.config import make_config
 from fastrl.train import Trainer
 
@@ -69,13 +70,12 @@ class CustomOpCollect:
         op = _register_env_op()
         handle = len(_ENVS)
         _ENVS[handle] = trainer.env
-        agent, views = trainer.agent, trainer.rollout_step.views
-        self._draw = trainer.rollout_step._draw
-        self.noise_shape = trainer.rollout_step.noise_shape
+        policy, views = trainer.policy, trainer.rollout_step.views
+        self.draw_noise = trainer.rollout_step.draw_noise
 
         def step(obs, noise, *rows):
             row_obs, row_action, row_logp, row_value, row_reward, row_term, row_trunc, row_done, row_valid = rows
-            action, logp, _, value = agent.get_action_and_value(obs, None, noise)
+            action, logp, _, value = policy.get_action_and_value(obs, None, noise)
             row_obs.copy_(obs)
             row_action.copy_(action)
             row_logp.copy_(logp)
@@ -98,7 +98,7 @@ class CustomOpCollect:
         with torch.no_grad():
             obs = tr.next_obs
             for t in range(tr.cfg.n_steps):
-                obs = self.fn(obs, self._draw(self.noise_shape), *self.rows[t])
+                obs = self.fn(obs, self.draw_noise(), *self.rows[t])
             tr._finish_rollout(obs)
 
 
@@ -113,7 +113,6 @@ def build(name: str, n_envs: int, steps: int):
     if name == "custom-op":
         custom = CustomOpCollect(trainer)
         collect = custom.collect
-    from fastrl.rollout import skip_guards
     collect()  # compiles
     trainer.iteration = 1  # the trainers skip guard evaluation from their second iteration on
 

@@ -518,13 +518,22 @@ class NormalizedEnv:
         self.gammas = list(gamma) if isinstance(gamma, (list, tuple)) else [gamma]
         self.n_members = len(self.gammas)
         self.obs_clip, self.reward_clip, self.training = obs_clip, reward_clip, training
-        self.obs_rms = [RunningMeanStd(env.observation_shape) for _ in self.gammas]
-        self.return_rms = [RunningMeanStd(()) for _ in self.gammas]
+        self.member_obs_rms = [RunningMeanStd(env.observation_shape) for _ in self.gammas]
+        self.member_return_rms = [RunningMeanStd(()) for _ in self.gammas]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
         self.member_envs = env.n_envs // self.n_members
 
     def __getattr__(self, name):
         return getattr(self.env, name)
+
+    @property
+    def obs_rms(self) -> RunningMeanStd:
+        """The (first) member's observation statistics: a single run's."""
+        return self.member_obs_rms[0]
+
+    @property
+    def return_rms(self) -> RunningMeanStd:
+        return self.member_return_rms[0]
 
     def _rows(self, m: int) -> slice:
         return slice(m * self.member_envs, (m + 1) * self.member_envs)
@@ -534,10 +543,10 @@ class NormalizedEnv:
             return obs
         if self.n_members == 1:
             if self.training:
-                self.obs_rms[0].update(obs)
-            return normalize_observation(obs, self.obs_rms[0], self.obs_clip)
+                self.obs_rms.update(obs)
+            return normalize_observation(obs, self.obs_rms, self.obs_clip)
         out = torch.empty(obs.shape, dtype=torch.float32)
-        for m, rms in enumerate(self.obs_rms):
+        for m, rms in enumerate(self.member_obs_rms):
             rows = obs[self._rows(m)]
             if self.training:
                 rms.update(rows)
@@ -553,7 +562,7 @@ class NormalizedEnv:
         out.observation = self._obs(out.observation)
         if self.normalize_reward and self.training:
             scaled = torch.empty(out.reward.shape, dtype=torch.float64)
-            for m, (gamma, rms) in enumerate(zip(self.gammas, self.return_rms)):
+            for m, (gamma, rms) in enumerate(zip(self.gammas, self.member_return_rms)):
                 rows = self._rows(m) if self.n_members > 1 else slice(None)
                 returns = self.discounted_return[rows] * gamma + out.reward[rows].double()
                 self.discounted_return[rows] = returns
@@ -565,11 +574,12 @@ class NormalizedEnv:
 
     def state_dict(self, member: int = 0) -> dict:
         """Member ``member``'s statistics (a single run's format)."""
-        return {"obs_rms": self.obs_rms[member].state_dict(), "return_rms": self.return_rms[member].state_dict()}
+        return {"obs_rms": self.member_obs_rms[member].state_dict(),
+                "return_rms": self.member_return_rms[member].state_dict()}
 
     def load_state_dict(self, state: dict, member: int = 0) -> None:
-        self.obs_rms[member].load_state_dict(state["obs_rms"])
-        self.return_rms[member].load_state_dict(state["return_rms"])
+        self.member_obs_rms[member].load_state_dict(state["obs_rms"])
+        self.member_return_rms[member].load_state_dict(state["return_rms"])
 
 
 def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True,

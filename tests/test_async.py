@@ -26,7 +26,7 @@ def _deterministic_policy(action_spec):
         x = obs.flatten(1).float()
         return (torch.sin(x * 12.9898 + torch.arange(x.shape[1]) * 0.7) * 43758.5453).frac().sum(-1)
 
-    def policy_step(obs):
+    def policy_step(obs, action=None, noise=None):
         h = features(obs)
         if action_spec.kind == "discrete":
             action = (h.abs() * 1000).long() % action_spec.n

@@ -162,11 +162,11 @@ def test_gymnasium_env_missing_its_package(monkeypatch):
         raise ImportError("Box2D is not installed, run `pip install \"gymnasium[box2d]\"`\nmore detail")
 
     monkeypatch.setattr(envs, "BatchedEnv", missing)
-    preflight._probe.cache_clear()
+    envs._probe.cache_clear()
     try:
         message = one_line_error(check_run, make_config({"env": "CarRacing-v3", "device": "cpu"}), 1)
     finally:
-        preflight._probe.cache_clear()
+        envs._probe.cache_clear()
     assert "CarRacing-v3" in message and "gymnasium[box2d]" in message
 
 

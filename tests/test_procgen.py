@@ -23,11 +23,10 @@ def _qt_missing(*_args):
 
 @pytest.fixture
 def no_qt(monkeypatch):
-    from fastrl import preflight
     monkeypatch.setattr(envs, "_load_procgen", _qt_missing)
-    preflight._probe.cache_clear()  # a probe of the same id from an earlier test must not answer for this machine
+    envs._probe.cache_clear()  # a probe of the same id from an earlier test must not answer for this machine
     yield
-    preflight._probe.cache_clear()
+    envs._probe.cache_clear()
 
 
 @needs_procgen_ids

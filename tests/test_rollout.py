@@ -69,18 +69,19 @@ def _assert_same_rollouts_close(eager, compiled):
 
 def test_compile_auto_plans_the_rollout_by_run_length(tmp_path, monkeypatch):
     """compile auto on CPU: the rollout step compiles only when the run has enough rollout steps to repay the
-    compile (fewer once its graph is in the on-disk cache, fewer still with the env fused in); CUDA graphs on CUDA."""
-    from fastrl import amp
+    compile (fewer with the env fused in), judged from the config and shapes alone, whatever the on-disk cache holds;
+    CUDA graphs on CUDA."""
+    from fastrl.compile import (CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS, CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan,
+                                compile_plan)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     cpu = torch.device("cpu")
-    cold, warm = amp.CPU_ROLLOUT_COMPILE_MIN_STEPS["cold"], amp.CPU_ROLLOUT_COMPILE_MIN_STEPS["warm"]
-    fused_cold = amp.CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS["cold"]
-    assert fused_cold < cold and warm < cold
-    assert amp.compile_plan("auto", cpu, 0, rollout_steps=cold - 1, rollout_key="k")[0] == "off"
-    assert amp.compile_plan("auto", cpu, 0, rollout_steps=cold, rollout_key="k")[0] == "default"
-    assert amp.compile_plan("auto", cpu, 0, rollout_steps=fused_cold, rollout_key="k", fused_rollout=True)[0] == "default"
-    assert amp.compile_plan("auto", cpu, 0, rollout_steps=warm, rollout_key="k")[0] == "off"
-    amp.mark_compiled("k")
-    assert amp.compile_plan("auto", cpu, 0, rollout_steps=warm, rollout_key="k")[0] == "default"
-    assert amp.compile_plan("auto", torch.device("cuda"), 0) == ("reduce-overhead", "reduce-overhead")
-    assert amp.compile_plan("off", cpu, 10**9, rollout_steps=10**9) == ("off", "off")
+    unfused, fused = CPU_ROLLOUT_COMPILE_MIN_STEPS, CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS
+    assert fused < unfused
+    assert compile_plan("auto", cpu, 0, rollout_steps=unfused - 1).rollout == "off"
+    assert compile_plan("auto", cpu, 0, rollout_steps=unfused).rollout == "default"
+    assert compile_plan("auto", cpu, 0, rollout_steps=fused - 1, fused_rollout=True).rollout == "off"
+    assert compile_plan("auto", cpu, 0, rollout_steps=fused, fused_rollout=True).rollout == "default"
+    (tmp_path / "marker").write_text("a filled cache")  # the plan never looks at the cache
+    assert compile_plan("auto", cpu, 0, rollout_steps=unfused - 1).rollout == "off"
+    assert compile_plan("auto", torch.device("cuda"), 0) == CompilePlan("reduce-overhead", "reduce-overhead", 1)
+    assert compile_plan("off", cpu, 10**9, rollout_steps=10**9) == CompilePlan("off", "off", 1)
