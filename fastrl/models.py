@@ -57,7 +57,7 @@ def gaussian_logp_entropy(mean: torch.Tensor, log_std: torch.Tensor, action: tor
     mean = mean.float()
     z = (action - mean) * torch.exp(-log_std)
     logp = (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
-    entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1).expand(mean.shape[0])
+    entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1).expand(mean.shape[:-1])
     return logp, entropy
 
 

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fastrl.models import ActorCritic, categorical_logp_entropy, categorical_sample, gaussian_logp_entropy
+
 
 class AgentMethod(nn.Module):
     """``forward`` calls ``agent.<method>``: what ``functional_call`` needs to call a method other than forward."""
@@ -63,6 +65,9 @@ class FlatLayout:
             self.offsets.append(self.offsets[-1] + n)
         self.methods = {name: AgentMethod(agent, name) for name in ("get_action_and_value", "get_value")}
         self.slots = {name: parameter_slots(module, params) for name, module in self.methods.items()}
+        self.agent = agent
+        self.index_of = {id(p): i for i, p in enumerate(params)}
+        self.batched = isinstance(agent, ActorCritic)  # an MLP: K members as batched matmuls, no vmap
 
     def flatten(self, agent: nn.Module) -> torch.Tensor:
         """The agent's parameters as one ``[P]`` float32 tensor (a copy)."""
@@ -92,6 +97,52 @@ class FlatLayout:
         named = {name: views[i] for name, i in self.slots[method]}
         return functional_call(self.methods[method], named, args, tie_weights=False)
 
+    def call_members(self, method: str, flat: torch.Tensor, *args):
+        """``agent.<method>`` of K members: weights ``flat [K, P]``, every argument ``[K, B, ...]`` (None passes
+        through). An MLP actor-critic runs as batched matmuls (``members_actor_critic``), other agents under vmap."""
+        if self.batched:
+            views = [flat[:, a:b].view(flat.shape[0], *shape)
+                     for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+            return members_actor_critic(self, views, method, *args)
+        in_dims = (0, *(None if a is None else 0 for a in args))
+        return vmap(lambda w, *a: self.call(method, w, *a), in_dims=in_dims)(flat, *args)
+
+
+def _members_linear(layout: FlatLayout, views: list, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer`` of K members on ``x [K, B, in]``: one ``baddbmm`` with the members' ``[K, out, in]`` weights."""
+    weight, bias = views[layout.index_of[id(layer.weight)]], views[layout.index_of[id(layer.bias)]]
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+def _members_sequential(layout: FlatLayout, views: list, sequential: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in sequential:
+        x = _members_linear(layout, views, layer, x) if isinstance(layer, nn.Linear) else layer(x)
+    return x
+
+
+def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, action=None, noise=None):
+    """``ActorCritic.get_action_and_value`` / ``get_value`` of K members at once (``views``: each parameter
+    ``[K, *shape]``; ``obs [K, B, ...]``): the same ops as the module's, with batched matmuls."""
+    agent = layout.agent
+    x = obs.flatten(2).float()
+    critic = _members_sequential(layout, views, agent.critic_trunk, x)
+    value = _members_linear(layout, views, agent.value_head, critic).squeeze(-1).float()
+    if method == "get_value":
+        return value
+    actor = critic if agent.shared_trunk else _members_sequential(layout, views, agent.actor_trunk, x)
+    out = _members_linear(layout, views, agent.policy_head, actor)
+    if agent.discrete:
+        if action is None:
+            action = categorical_sample(out, noise)
+        logp, entropy = categorical_logp_entropy(out, action)
+        return action, logp, entropy, value
+    log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1)  # [K, 1, A]
+    if action is None:
+        action = out.float() + noise * log_std.exp()
+    action = action.reshape(out.shape)
+    logp, entropy = gaussian_logp_entropy(out, log_std, action)
+    return action.reshape(*out.shape[:2], *agent.action_spec.shape), logp, entropy, value
+
 
 class MemberPolicy:
     """The acting functions of K members over member-major rows ``[K * B, ...]`` (see the module docstring).
@@ -103,15 +154,6 @@ class MemberPolicy:
         self.agent, self.layout, self.params, self.autocast = agent, layout, params, autocast
         self.n_members = params.shape[0]
 
-    def _member_act(self, flat, obs, noise):
-        with self.autocast():
-            action, logp, _, value = self.layout.call("get_action_and_value", flat, obs, None, noise)
-        return action, logp, value
-
-    def _member_value(self, flat, obs):
-        with self.autocast():
-            return self.layout.call("get_value", flat, obs)
-
     def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None):
         k = self.n_members
         if k == 1:
@@ -120,8 +162,10 @@ class MemberPolicy:
         if action is not None:
             raise ValueError("MemberPolicy evaluates sampled actions only")
         b = obs.shape[0] // k
-        action, logp, value = vmap(self._member_act)(self.params, obs.view(k, b, *obs.shape[1:]),
-                                                     noise.view(k, b, *noise.shape[1:]))
+        with self.autocast():
+            action, logp, _, value = self.layout.call_members("get_action_and_value", self.params,
+                                                              obs.view(k, b, *obs.shape[1:]), None,
+                                                              noise.view(k, b, *noise.shape[1:]))
         return action.reshape(k * b, *action.shape[2:]), logp.reshape(-1), None, value.reshape(-1)
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -130,4 +174,5 @@ class MemberPolicy:
             with self.autocast():
                 return self.agent.get_value(obs)
         b = obs.shape[0] // k
-        return vmap(self._member_value)(self.params, obs.view(k, b, *obs.shape[1:])).reshape(-1)
+        with self.autocast():
+            return self.layout.call_members("get_value", self.params, obs.view(k, b, *obs.shape[1:])).reshape(-1)

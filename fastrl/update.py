@@ -108,12 +108,17 @@ class Update:
     def loss(self, params, minibatch: tuple, hparams: dict):
         """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (None:
         the weights of ``eager_agent``, bound to the same flat tensor)."""
-        observation, action, old_logp, advantage, old_value, value_target, valid = minibatch
+        observation, action = minibatch[:2]
         with self.autocast():
             if params is None:
                 _, logp, entropy, value = self.eager_agent.get_action_and_value(observation, action)
             else:
                 _, logp, entropy, value = self.layout.call("get_action_and_value", params, observation, action)
+        return self.loss_of(logp, entropy, value, minibatch, hparams)
+
+    def loss_of(self, logp, entropy, value, minibatch: tuple, hparams: dict):
+        """The loss given the policy's outputs on the minibatch (``kernels.ppo_loss`` / ``kernels.pg_loss``)."""
+        _, _, old_logp, advantage, old_value, value_target, valid = minibatch
         # backend="torch": the composed ops, which inductor fuses (and which torch.func can differentiate).
         if self.spec.algo == "a2c":
             return kernels.pg_loss(logp.float(), advantage, value.float(), value_target, entropy.float(), valid,
@@ -133,11 +138,14 @@ class Update:
             return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
         if params.dim() == 2 and not torch.compiler.is_compiling():
-            # K members, eagerly: the members' losses through one vmapped forward, and one backward of their sum
-            # (member m's weights reach only member m's loss), instead of torch.func's per-member transforms.
+            # K members, eagerly: one forward of all members (batched matmuls for an MLP), their losses, and one
+            # backward of the losses' sum (member m's weights reach only member m's loss), instead of torch.func's
+            # per-member transforms.
             with torch.enable_grad():
                 weights = params.detach().requires_grad_()
-                loss, stats = vmap(self.loss)(weights, minibatch, hparams)
+                with self.autocast():
+                    _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2])
+                loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
                 total = (loss * scale).sum() if scale is not None else loss.sum()
                 grad, = torch.autograd.grad(total, weights)
             return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
