@@ -199,11 +199,12 @@ def impala_section(report: dict) -> list:
 def learner_section(report: dict) -> list:
     per_call = report.get("steps_per_call", "k")
     k = report.get("members") or "K"
+    population = f"K={k} µs/member-step" if report.get("members") else "K members µs/member-step"
 
     def us(r, key):
         return r.get(key) if r.get(key) is not None else "-"
-    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), us(r, "pure_func_us"), r["compiled_us"],
-             us(r, "compiled_no_guards_us"), us(r, "compiled_k_us"),
+    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), us(r, "pure_func_us"),
+             r["compiled_us"], us(r, "compiled_no_guards_us"), us(r, "compiled_k_us"),
              f"{r['speedup_k']:.2f}x" if r.get("speedup_k") else "-", us(r, "population_us"),
              (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
     lines = [f"One PPO minibatch gradient step (gather, forward, loss, backward, clip, Adam), µs: the torch.optim twin "
@@ -214,8 +215,7 @@ def learner_section(report: dict) -> list:
              f"member-step). `python -m benchmarks.learner`, median of {report.get('repeats', '?')} samples. "
              f"({_when(report)})", "",
              markdown_table(["case", "minibatch", "torch.optim µs", "pure eager µs", "torch.func µs", "compiled µs",
-                             "no guards µs", f"{per_call}/call µs", "speed-up", f"K={k} µs/member-step" if k != "K" else "K members µs/member-step",
-                             "load (1 min)"], rows)]
+                             "no guards µs", f"{per_call}/call µs", "speed-up", population, "load (1 min)"], rows)]
     if report.get("compile"):
         rows = [[c["case"], c.get("steps_per_call", 1), c["cold_s"], c["warm_s"], c["cold_process_s"],
                  c["warm_process_s"]] for c in report["compile"]]

@@ -43,13 +43,15 @@ class CompilePlan:
 
 def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool) -> int:
     """Minibatch steps per update call: the whole update (``n_epochs * n_minibatches``) when it fits in
-    ``MAX_STEPS_PER_CALL``, else one epoch when that does, else one minibatch. Under torchrun one minibatch: the
-    gradient all-reduce runs between a step's two compiled halves."""
+    ``MAX_STEPS_PER_CALL``, else the most whole epochs that do, else the largest divisor of ``n_minibatches`` that
+    does (every call then has the same shapes: one graph). Under torchrun one minibatch: the gradient all-reduce runs
+    between a step's two compiled halves."""
     if distributed:
         return 1
-    if n_epochs * n_minibatches <= MAX_STEPS_PER_CALL:
-        return n_epochs * n_minibatches
-    return n_minibatches if n_minibatches <= MAX_STEPS_PER_CALL else 1
+    if n_minibatches <= MAX_STEPS_PER_CALL:
+        epochs = max(e for e in range(1, n_epochs + 1) if n_epochs % e == 0 and e * n_minibatches <= MAX_STEPS_PER_CALL)
+        return epochs * n_minibatches
+    return max(d for d in range(1, MAX_STEPS_PER_CALL + 1) if n_minibatches % d == 0)
 
 
 def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_steps: int = 0,

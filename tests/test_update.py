@@ -216,8 +216,13 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert [p.update for p in empty] == ["off", "default", "default"]
     assert compile_plan("auto", torch.device("cuda"), 0).update == "reduce-overhead"
     assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=2).steps_per_call == 8
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=32).steps_per_call == 1
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=4).steps_per_call == 4
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=32).steps_per_call == 8
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=4).steps_per_call == 8
+    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=1).steps_per_call == 4
+    assert compile_plan("auto", cpu, 10**6, n_epochs=5, n_minibatches=5).steps_per_call == 5
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=7).steps_per_call == 7
+    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=11).steps_per_call == 1
+    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=2, distributed=True).steps_per_call == 1
 
 
 def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
