@@ -296,8 +296,8 @@ def compile_times(name: str, device: torch.device, threads: int, mode: str, per_
            "warm_s": out["warm"]["first_call_s"], "cold_process_s": out["cold"]["process_s"],
            "warm_process_s": out["warm"]["process_s"], "step_after_compile_s": out["warm"]["second_call_s"],
            "compiled": out["cold"]["compiled"] and out["warm"]["compiled"], "load_average_after": load_average()}
-    print(f"{name}, {per_call} steps per call: compile cold {row['cold_s']:.1f} s, warm {row['warm_s']:.1f} s",
-          flush=True)
+    steps = f"{per_call} step{'s' if per_call > 1 else ''} per call"
+    print(f"{name}, {steps}: compile cold {row['cold_s']:.1f} s, warm {row['warm_s']:.1f} s", flush=True)
     return row
 
 
@@ -351,7 +351,8 @@ def main(argv=None) -> int:
     path = write_json(report, args.out or default_out("learner", device))
     print()
     print(markdown_table(["case", "minibatch", "torch.optim µs", "pure eager µs", "torch.func µs", "compiled µs",
-                          "no guards µs", f"{per_call}/call µs", "speed-up", f"K={args.members} µs/member-step",
+                          "no guards µs", f"{per_call}/call µs", "speed-up",
+                          f"K={args.members} µs/member-step" if args.members else "population (skipped)",
                           "load avg (1 min)"],
                          [[r["case"], r["minibatch"], r["eager_us"], r["pure_eager_us"], r["pure_func_us"],
                            r["compiled_us"], r["compiled_no_guards_us"], r["compiled_k_us"], f"{r['speedup_k']:.2f}x",

@@ -24,7 +24,7 @@ global minibatch.
 from __future__ import annotations
 
 import copy
-import random
+import os
 import statistics
 import time
 from contextlib import contextmanager, nullcontext
@@ -62,13 +62,15 @@ def rank_n_envs(cfg: Config, world_size: int) -> int:
     return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
 
 
-def set_torch_threads(cfg: Config, device: torch.device) -> None:
+def set_torch_threads(cfg: Config, device: torch.device, n_members: int = 1, flat_observations: bool = True) -> None:
     threads = cfg.torch_threads
     if threads == 0 and device.type == "cpu":
         # Small MLPs gain nothing from intra-op threads, and spinning OpenMP workers collapse
         # throughput when the cores are shared (with EnvPool's threads, or other jobs). CNNs too: on the
         # shared 2-core box a Nature-CNN forward of 8 frames took 5 ms on 1 thread, 300 ms on 2.
-        threads = 1
+        # A population's batched matmuls are big enough to share: 4 and 16 CartPole members trained 1.2x and 1.25x
+        # faster on 2 threads than on 1 (2 cores).
+        threads = min(os.cpu_count() or 1, 8) if n_members >= 4 and flat_observations else 1
     if threads:
         torch.set_num_threads(threads)
 
@@ -111,7 +113,7 @@ class Trainer:
         self.env_mode = resolve_env_mode(cfg, n)
         self.env = (make_async_env if self.env_mode == "async" else make_env)(
             cfg, n_envs=k * n, seed=env_seed(cfg.seed, rank, n), members=self.members)
-        set_torch_threads(cfg, self.device)
+        set_torch_threads(cfg, self.device, k, len(self.env.observation_shape) == 1)
         agents = []
         for member in self.members:  # each member's initial weights are its single run's (the same on every rank)
             torch.manual_seed(member.seed)

@@ -46,17 +46,24 @@ def _one_iteration(cfg) -> Trainer:
     return trainer
 
 
-def _assert_members_equal_single_runs(pop, compile_mode="off", atol=1e-6):
+ROLLOUT_KEYS = ("observation", "action", "valid", ("next", "reward"), ("next", "done"))
+
+
+def _assert_members_equal_single_runs(pop, compile_mode="off", atol=1e-6, rollout_atol=0.0):
     """Each member's slice of the population's rollout and weights against its own single run (the member's config,
-    which is a single-run config) after one iteration."""
+    which is a single-run config) after one iteration. ``rollout_atol`` 0: the rollout bit for bit."""
     n = pop.n_envs
     for m, member in enumerate(pop.members):
         single = _one_iteration(dataclasses.replace(member, compile=compile_mode))
         assert single.n_members == 1 and single.env_mode == pop.env_mode
         envs = slice(m * n, (m + 1) * n)
-        # The rollout: the same envs, the same sampled actions, bit for bit.
-        for key in ("observation", "action", "valid", ("next", "reward"), ("next", "done")):
-            assert torch.equal(single.buffer[key], pop.buffer[key][:, envs]), (m, key)
+        # The rollout: the same envs, the same sampled actions.
+        for key in ROLLOUT_KEYS:
+            if rollout_atol:
+                torch.testing.assert_close(pop.buffer[key][:, envs], single.buffer[key], atol=rollout_atol, rtol=0,
+                                           msg=lambda text: f"member {m}, {key}: {text}")
+            else:
+                assert torch.equal(single.buffer[key], pop.buffer[key][:, envs]), (m, key)
         # The update: the same parameters within float tolerance (vmap batches the matmuls differently).
         torch.testing.assert_close(pop.params[m], single.params[0], atol=atol, rtol=1e-5)
         for key, value in single.opt_state.items():
@@ -73,16 +80,32 @@ def test_every_member_equals_its_single_run_after_one_iteration(algo):
     _assert_members_equal_single_runs(pop)
 
 
+NORMALIZED_PENDULUM = {**SMALL, "env": "Pendulum-v1", "compile": "off", "seed": 2, "n_seeds": 2,
+                       "normalize_obs": True, "normalize_reward": True}
+
+
 def test_members_with_observation_and_reward_normalization_equal_their_single_runs():
-    """Each member normalizes with its own running statistics (continuous actions, reward scaling per gamma)."""
-    pop = _one_iteration(make_config({**SMALL, "env": "Pendulum-v1", "compile": "off", "seed": 2, "n_seeds": 2,
-                                      "normalize_obs": True, "normalize_reward": True}))
-    _assert_members_equal_single_runs(pop)
+    """Each member normalizes with its own running statistics (continuous actions, reward scaling per gamma). The
+    rollout is compared to float rounding: see the next test."""
+    pop = _one_iteration(make_config(NORMALIZED_PENDULUM))
+    _assert_members_equal_single_runs(pop, rollout_atol=1e-6)
     for m in range(2):
         single = _one_iteration(dataclasses.replace(pop.members[m], compile="off"))
         for key, value in single.normalizer_state().items():
             if torch.is_tensor(value):
                 assert torch.equal(pop.normalizer_state(m)[key], value), (m, key)
+
+
+@pytest.mark.xfail(strict=True, reason="a population's policy forward (batched matmuls over members) rounds differently "
+                   "from the single run's module forward (addmm): state_value differs by ~1e-7 from t=0 and a "
+                   "continuous action by ~7e-9 at t=15 (Pendulum-v1, seed 2); discrete actions hide it")
+def test_continuous_action_members_roll_out_bit_for_bit_as_their_single_runs():
+    pop = _one_iteration(make_config(NORMALIZED_PENDULUM))
+    n = pop.n_envs
+    for m, member in enumerate(pop.members):
+        single = _one_iteration(dataclasses.replace(member, compile="off"))
+        for key in ("action", "sample_log_prob", "state_value"):
+            assert torch.equal(single.buffer[key], pop.buffer[key][:, m * n:(m + 1) * n]), (m, key)
 
 
 def test_a2c_members_with_rmsprop_equal_their_single_runs():
