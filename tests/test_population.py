@@ -96,16 +96,18 @@ def test_members_with_observation_and_reward_normalization_equal_their_single_ru
                 assert torch.equal(pop.normalizer_state(m)[key], value), (m, key)
 
 
-@pytest.mark.xfail(strict=True, reason="a population's policy forward (batched matmuls over members) rounds differently "
-                   "from the single run's module forward (addmm): state_value differs by ~1e-7 from t=0 and a "
-                   "continuous action by ~7e-9 at t=15 (Pendulum-v1, seed 2); discrete actions hide it")
-def test_continuous_action_members_roll_out_bit_for_bit_as_their_single_runs():
+def test_continuous_action_members_roll_out_within_rounding_of_their_single_runs():
+    """A population acts through batched matmuls over members (``baddbmm``), a single run through its module
+    (``addmm``): they round differently in the last bits, so a continuous action or a value can differ by ~1e-7
+    (discrete actions, an argmax, do not), while the observations and rewards the envs return stay identical."""
     pop = _one_iteration(make_config(NORMALIZED_PENDULUM))
     n = pop.n_envs
     for m, member in enumerate(pop.members):
         single = _one_iteration(dataclasses.replace(member, compile="off"))
         for key in ("action", "sample_log_prob", "state_value"):
-            assert torch.equal(single.buffer[key], pop.buffer[key][:, m * n:(m + 1) * n]), (m, key)
+            torch.testing.assert_close(single.buffer[key], pop.buffer[key][:, m * n:(m + 1) * n], atol=1e-5, rtol=1e-5)
+        for key in ("observation", ("next", "reward")):
+            torch.testing.assert_close(single.buffer[key], pop.buffer[key][:, m * n:(m + 1) * n], atol=1e-5, rtol=1e-5)
 
 
 def test_a2c_members_with_rmsprop_equal_their_single_runs():
