@@ -75,10 +75,7 @@ class RolloutWorker:
     """
 
     def __init__(self, cfg: Config, actor_id: int, restart: int):
-        import ray
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            reconstructed = ray.get_runtime_context().was_current_actor_reconstructed
+        reconstructed, node_id = _actor_context()
         # A Ray restart re-runs this with the same arguments: its envs get seeds of their own all the same.
         restart = restart + (1 + os.getpid() % 10_000) * 1_000 if reconstructed else restart
         self.collector = RolloutCollector(cfg, actor_id, restart)
@@ -92,8 +89,7 @@ class RolloutWorker:
         self.episode_length = torch.zeros(100, dtype=torch.int64)
         self.newest = (-1, None)  # (version, ObjectRef) of the newest weights announced
         self.loaded = -1
-        self.identity = {"incarnation": uuid.uuid4().hex, "node_id": ray.get_runtime_context().get_node_id(),
-                         "pid": os.getpid(), "actor_id": actor_id}
+        self.identity = {"incarnation": uuid.uuid4().hex, "node_id": node_id, "pid": os.getpid(), "actor_id": actor_id}
         self.last_return = None
 
     def set_weights(self, version: int, refs: list) -> None:
@@ -105,14 +101,13 @@ class RolloutWorker:
         return self.identity
 
     def rollout(self, version: int, refs: list) -> dict:
-        import ray
         start = time.perf_counter()
         self.set_weights(version, refs)
         newest, ref = self.newest
         if newest != self.loaded:
             with warnings.catch_warnings():  # the object store's array is read-only; it is only read from
                 warnings.simplefilter("ignore")
-                load_flat_weights(self.collector.agent, torch.from_numpy(ray.get(ref)))
+                load_flat_weights(self.collector.agent, torch.from_numpy(_fetch(ref)))
             self.loaded = newest
         finished, policy_s, env_s = self.collector.collect(self.views, self.bootstrap_observation,
                                                           self.episode_return, self.episode_length, _no_beat)
@@ -127,6 +122,20 @@ class RolloutWorker:
 
 def _no_beat() -> None:
     pass
+
+
+def _actor_context() -> tuple[bool, str]:
+    """(whether Ray restarted this actor, the id of the node it runs on)."""
+    import ray
+    context = ray.get_runtime_context()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in favour of nothing that says the same
+        return context.was_current_actor_reconstructed, context.get_node_id()
+
+
+def _fetch(ref) -> np.ndarray:
+    import ray
+    return ray.get(ref)
 
 
 def connect(cfg: Config) -> bool:
