@@ -242,8 +242,8 @@ def _node_ids(cluster) -> dict:
 @pytest.mark.learning
 def test_learns_with_every_actor_on_the_actor_node(cluster, tmp_path):
     """IMPALA CartPole (the tuned config: 2 actors x 16 envs) with both actors on the actor node reaches a
-    last-100-episode mean of 100 (random play: about 22), a threshold seeds 1-3 each reached within 100k-150k
-    steps of the 300k allowed."""
+    last-100-episode mean of 100 (random play: about 22), a threshold seeds 1-5 each reached here within 56k-67k
+    steps (5-7 s) of the 300k allowed."""
     run_dir = tmp_path / "run"
     proc = _train(cluster, run_dir, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
                   "300000", "--stop-at-return", "100", "--eval-episodes", "0")
