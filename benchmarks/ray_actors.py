@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="local/ray pairs per env (medians are reported)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    # A loopback-only cluster that lives for this script: no token auth, so ray.init writes no ~/.ray/auth_token
+    # (which would turn token auth on for clusters started later with `ray start`).
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     import ray
     steps = {"CartPole-v1": 200_000, "Breakout-v5": 40_000}
     info = machine_info()  # the load average at start, before any case runs

@@ -196,6 +196,7 @@ class RayActorPool:
         self.backoff = [RETRY_MIN_S] * n
         self.failing = [False] * n
         self.nodes: dict = {i: [] for i in range(n)}  # node ids each actor ran on, in order
+        self.pids: list = [None] * n  # the process of each actor's newest incarnation (on its node)
         self.restarts = self.hung_restarts = self.lost_rollouts = self.failures = 0
         self.rollouts_received = 0
         self.bytes_received = self.weight_bytes = self.publishes = 0
@@ -336,6 +337,7 @@ class RayActorPool:
                 self.restarts += 1
             self.incarnation[actor_id] = result["incarnation"]
             self.nodes[actor_id].append(result["node_id"])
+            self.pids[actor_id] = result["pid"]
             print(f"fastrl: ray actor {actor_id} runs on node {result['node_id'][:12]} (pid {result['pid']})",
                   file=sys.stderr)
         self.produced[actor_id] = True

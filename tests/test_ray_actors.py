@@ -124,8 +124,10 @@ class LoopbackCluster:
         self.root, self.port = root, _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.client_port = _free_port()  # the head's Ray client server: the one process without the session dir
+        # RAY_AUTH_MODE set: a token in ~/.ray (which any local ray.init() writes) must not turn on token auth for
+        # the head but not for the node joining it.
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+                    "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
         self.env.pop("RAY_ADDRESS", None)
         ray_cli = Path(sys.executable).with_name("ray")
         self.ray = [str(ray_cli)] if ray_cli.exists() else [sys.executable, "-m", "ray.scripts.scripts"]
@@ -195,12 +197,18 @@ def cluster(tmp_path_factory):
     import tempfile
     root = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))
     c = LoopbackCluster(root)
+    auth_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"  # for the in-process drivers of this module, as for the nodes
     try:
         c.start_head()
         c.add_actor_node("a1")
         yield c
     finally:
         c.teardown()
+        if auth_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = auth_mode
 
 
 def _train(cluster, run_dir: Path, *flags) -> subprocess.Popen:
@@ -314,6 +322,63 @@ def test_kill_9_of_an_actor_is_survived_and_counted(cluster, tmp_path):
     assert summary["actor_restarts"] >= 1 and summary["actor_failures"] >= 1, (summary, out)
     assert summary["lost_rollouts"] >= 1 and summary["total_steps"] >= 40000 and not summary["stopped_by_signal"]
     assert len(summary["actor_nodes"]["0"]) == summary["actor_restarts"] + 1
+
+
+def test_hung_actor_is_restarted_and_the_learner_goes_on(cluster):
+    """An actor stopped with SIGSTOP (alive, silent) is restarted after actor_timeout_s; meanwhile the other actor keeps
+    the learner going, and the hung actor's calls are counted as lost."""
+    from fastrl.actor_learner import ActorLearnerTrainer
+    cfg = make_config({**SMALL, "actors": "ray", "ray_address": cluster.address, "actor_resources": "actor_node=1",
+                       "actor_timeout_s": 3.0, "total_steps": 10**7})
+    trainer = ActorLearnerTrainer(cfg, CPU)
+    trainer.should_stop = lambda: False
+    frozen = None
+
+    def step_until(condition, timeout_s, what):
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, what
+            assert trainer.collect(), "the learner must not stall on a hung actor"
+            trainer.update()
+    try:
+        step_until(lambda: None not in trainer.pool.pids, 60, "both actors deliver")
+        frozen = trainer.pool.pids[0]
+        os.kill(frozen, signal.SIGSTOP)
+        iterations = trainer.iteration
+        step_until(lambda: trainer.pool.hung_restarts == 1, 60, "the hung actor is detected")
+        assert trainer.iteration > iterations, "the other actor kept the learner going"
+        step_until(lambda: trainer.pool.pids[0] != frozen, 90, "the hung actor comes back")
+        assert trainer.pool.restarts == 1 and trainer.pool.lost_rollouts >= 1 and _zombie(frozen)
+    finally:
+        trainer.close()
+        if frozen is not None and not _zombie(frozen):
+            os.kill(frozen, signal.SIGCONT)
+
+
+def test_learner_crash_resumes_from_its_checkpoint_with_new_actors(cluster, tmp_path):
+    """kill -9 of the learner takes its Ray actors with it; --resume continues from the checkpoint with new ones."""
+    flags = ["--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32", "--eval-episodes", "0",
+             "--log-interval", "5", "--checkpoint-interval", "5"]
+    proc = _train(cluster, tmp_path, *flags, "--total-steps", "10000000")
+    try:
+        _wait_for(lambda: list((tmp_path / "checkpoints").glob("ckpt_*.pt")), proc, 90, "a checkpoint")
+        actors = cluster.actor_pids("a1")
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 30
+    while any(not _zombie(pid) for pid in actors) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert all(_zombie(pid) for pid in actors), "Ray ends the actors of a learner that died"
+    resumed = subprocess.run([sys.executable, "-m", "fastrl.train", "--resume", str(tmp_path), "--total-steps",
+                              "30000", *QUIET], cwd=REPO, env=cluster.env, capture_output=True, text=True,
+                             timeout=150)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["resumed_from_step"] > 0 and summary["total_steps"] >= 30000 and summary["actors"] == "ray"
+    assert summary["actor_restarts"] == 0 and len(summary["actor_nodes"]["0"]) == 1, summary
 
 
 def test_actor_node_stopped_then_a_new_node_joins(cluster, tmp_path):
