@@ -81,16 +81,18 @@ class SlotRing:
     """
 
     def __init__(self, n_slots: int, n_actors: int, n_steps: int, n_envs: int, obs_shape: tuple,
-                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100):
+                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100, shared: bool = True):
+        def place(t: torch.Tensor):  # shared memory for actor processes; the learner's own memory for Ray's results
+            return t.share_memory_() if shared else t
         one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec).exclude("advantage", "value_target")
-        self.rollout = one.expand(n_slots, n_steps, n_envs).clone().share_memory_()
-        self.bootstrap_observation = torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype).share_memory_()
-        self.episode_return = torch.zeros(n_slots, episode_capacity, dtype=torch.float64).share_memory_()
-        self.episode_length = torch.zeros(n_slots, episode_capacity, dtype=torch.int64).share_memory_()
-        self.n_episodes = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.state = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.version = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.full_time = torch.zeros(n_slots, dtype=torch.float64).share_memory_()
+        self.rollout = place(one.expand(n_slots, n_steps, n_envs).clone())
+        self.bootstrap_observation = place(torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype))
+        self.episode_return = place(torch.zeros(n_slots, episode_capacity, dtype=torch.float64))
+        self.episode_length = place(torch.zeros(n_slots, episode_capacity, dtype=torch.int64))
+        self.n_episodes = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.state = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.version = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.full_time = place(torch.zeros(n_slots, dtype=torch.float64))
         self.n_slots, self.n_actors = n_slots, n_actors
         self.per_actor = n_slots // n_actors
         self._np()
@@ -502,7 +504,7 @@ class ActorLearnerTrainer:
         self.lr_scale = 1.0  # lowered by each rollback
         self.should_stop = lambda: False
         self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec,
-                             self.episodes.window)
+                             self.episodes.window, shared=cfg.actors == "local")
         if cfg.actors == "ray":  # Ray actors on any node; their rollouts land in this (learner-side) ring
             from fastrl.ray_actors import RayActorPool
             self.pool = self.board = RayActorPool(cfg, self.ring)

@@ -97,9 +97,6 @@ class RolloutWorker:
         if version > self.newest[0]:
             self.newest = (version, refs[0])
 
-    def ping(self) -> dict:
-        return self.identity
-
     def rollout(self, version: int, refs: list) -> dict:
         start = time.perf_counter()
         self.set_weights(version, refs)
@@ -188,6 +185,7 @@ class RayActorPool:
         self.stats = torch.zeros(n, 6, dtype=torch.float64)
         self.handles: list = [None] * n
         self.in_flight: dict = {}  # ObjectRef -> actor id
+        self.calls = [0] * n  # calls in flight per actor
         self.created = [0] * n  # actors the learner created per id (seeds their envs)
         self.incarnation = [None] * n
         self.produced = [False] * n  # this incarnation delivered a rollout
@@ -264,6 +262,7 @@ class RayActorPool:
                         pass
             self.handles = [None] * self.cfg.n_actors
             self.in_flight.clear()
+            self.calls = [0] * self.cfg.n_actors
             self.started = False
         if self.connected:
             ray.shutdown()
@@ -271,9 +270,9 @@ class RayActorPool:
         self._remote = None
 
     # ------------------------------------------------------------------ the learner's poll
-    def check(self, every_s: float = HEALTH_EVERY_S, wait_s: float = 0.002) -> int:
+    def check(self, every_s: float = HEALTH_EVERY_S, wait_s: float = 0.0) -> int:
         """Take finished rollouts into the ring, resubmit, and (every ``every_s``) restart hung actors. Waits up to
-        ``wait_s`` for a result when none is ready. Returns the actors restarted now."""
+        ``wait_s`` for a result when none is ready (the learner's gather polls). Returns the actors restarted now."""
         if not self.started:
             return 0
         import ray
@@ -283,6 +282,7 @@ class RayActorPool:
             for ref in ready:
                 actor_id = self.in_flight.pop(ref, None)
                 if actor_id is not None:  # else a call of an actor replaced meanwhile, already counted lost
+                    self.calls[actor_id] -= 1
                     self._receive(ref, actor_id)
         restarted = 0
         now = time.monotonic()
@@ -297,16 +297,13 @@ class RayActorPool:
         owned = self.ring.owned(actor_id)
         return int(np.count_nonzero(self.ring.state_np[owned.start:owned.stop]))
 
-    def _calls(self, actor_id: int) -> int:
-        return sum(1 for a in self.in_flight.values() if a == actor_id)
-
     def _submit(self) -> None:
         now = time.monotonic()
         version, ref = self.weights
         for actor_id in range(self.cfg.n_actors):
             if self.failing[actor_id] and now < self.retry_at[actor_id]:
                 continue
-            calls = self._calls(actor_id)
+            calls = self.calls[actor_id]
             if self.failing[actor_id]:  # one probe at a time until it answers again
                 if calls == 0:
                     self._call(actor_id, version, ref)
@@ -318,6 +315,7 @@ class RayActorPool:
     def _call(self, actor_id: int, version: int, ref) -> None:
         call = self.handles[actor_id].rollout.options(concurrency_group="collect").remote(version, [ref])
         self.in_flight[call] = actor_id
+        self.calls[actor_id] += 1
 
     def _receive(self, ref, actor_id: int) -> None:
         import ray
@@ -399,14 +397,14 @@ class RayActorPool:
         for ref in [r for r, a in self.in_flight.items() if a == actor_id]:
             del self.in_flight[ref]
             self.lost_rollouts += 1
+        self.calls[actor_id] = 0
         self._create(actor_id)
 
     def _restart_hung(self, now: float) -> int:
         """Kill (Ray restarts them) the actors with a call in flight and no result for too long."""
         import ray
         restarted = 0
-        waiting = set(self.in_flight.values())
-        for actor_id in waiting:
+        for actor_id in (a for a, calls in enumerate(self.calls) if calls):
             limit = self.cfg.actor_timeout_s if self.produced[actor_id] else max(self.cfg.actor_timeout_s,
                                                                                   STARTUP_GRACE_S)
             if now - self.last_progress[actor_id] <= limit:

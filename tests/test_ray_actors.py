@@ -5,6 +5,7 @@ for, an actor killed with kill -9, and the actor node stopped then replaced by a
 
 The cluster is started with the ``ray`` CLI (each node in a temp dir of its own) and torn down by killing the
 processes of those nodes only, never ``ray stop``, which would stop every Ray cluster on the machine."""
+import contextlib
 import json
 import os
 import signal
@@ -231,6 +232,23 @@ def _wait_for(predicate, proc, timeout_s: float, what: str):
     pytest.fail(f"no {what} within {timeout_s} s: {proc.stdout.read()}")
 
 
+@contextlib.contextmanager
+def _killed_on_failure(proc: subprocess.Popen):
+    try:
+        yield proc
+    except BaseException:
+        proc.kill()
+        raise
+
+
+def _finished(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 150) -> dict:
+    """Wait for the run to end (killing it past ``timeout_s``); it must exit 0. Returns its summary.json."""
+    with _killed_on_failure(proc):
+        out, _ = proc.communicate(timeout=timeout_s)
+    assert proc.returncode == 0, out
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 def _has_metrics(run_dir: Path) -> bool:
     """A metrics row was written: the actors have delivered rollouts (the file itself exists from the start)."""
     path = run_dir / "metrics.jsonl"
@@ -255,9 +273,7 @@ def test_learns_with_every_actor_on_the_actor_node(cluster, tmp_path):
     run_dir = tmp_path / "run"
     proc = _train(cluster, run_dir, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
                   "300000", "--stop-at-return", "100", "--eval-episodes", "0")
-    out, _ = proc.communicate(timeout=240)
-    assert proc.returncode == 0, out
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = _finished(proc, run_dir, timeout_s=240)
     assert summary["reached_return"] and summary["episode_return_mean"] >= 100, summary
     assert summary["actors"] == "ray" and summary["actor_restarts"] == summary["lost_rollouts"] == 0, summary
     actor_nodes = {node for node, resources in _node_ids(cluster).items() if "actor_node" in resources}
@@ -308,18 +324,13 @@ def test_kill_9_of_an_actor_is_survived_and_counted(cluster, tmp_path):
     """With a single actor the run cannot finish unless the actor killed with SIGKILL comes back."""
     proc = _train(cluster, tmp_path, "--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32",
                   "--total-steps", "40000", "--eval-episodes", "0", "--log-interval", "5")
-    try:
+    with _killed_on_failure(proc):
         _wait_for(lambda: _has_metrics(tmp_path), proc, 90, "metrics")
         actors = _wait_for(lambda: cluster.actor_pids("a1"), proc, 30, "an actor process")
         assert len(actors) == 1, actors
         os.kill(actors[0], signal.SIGKILL)
-        out, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["actor_restarts"] >= 1 and summary["actor_failures"] >= 1, (summary, out)
+    summary = _finished(proc, tmp_path)
+    assert summary["actor_restarts"] >= 1 and summary["actor_failures"] >= 1, summary
     assert summary["lost_rollouts"] >= 1 and summary["total_steps"] >= 40000 and not summary["stopped_by_signal"]
     assert len(summary["actor_nodes"]["0"]) == summary["actor_restarts"] + 1
 
@@ -360,14 +371,11 @@ def test_learner_crash_resumes_from_its_checkpoint_with_new_actors(cluster, tmp_
     flags = ["--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32", "--eval-episodes", "0",
              "--log-interval", "5", "--checkpoint-interval", "5"]
     proc = _train(cluster, tmp_path, *flags, "--total-steps", "10000000")
-    try:
+    with _killed_on_failure(proc):
         _wait_for(lambda: list((tmp_path / "checkpoints").glob("ckpt_*.pt")), proc, 90, "a checkpoint")
         actors = cluster.actor_pids("a1")
-        proc.kill()
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc.kill()
+    proc.wait(timeout=30)
     deadline = time.monotonic() + 30
     while any(not _zombie(pid) for pid in actors) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -388,18 +396,13 @@ def test_actor_node_stopped_then_a_new_node_joins(cluster, tmp_path):
     replaces the module's actor node.)"""
     proc = _train(cluster, tmp_path, "--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32",
                   "--total-steps", "40000", "--eval-episodes", "0", "--log-interval", "5")
-    try:
+    with _killed_on_failure(proc):
         _wait_for(lambda: _has_metrics(tmp_path), proc, 90, "metrics")
         cluster.stop_node("a1")
         time.sleep(2.0)
         assert proc.poll() is None, "the learner must wait for actors, not exit"
         cluster.add_actor_node("a2")
-        out, _ = proc.communicate(timeout=150)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    summary = _finished(proc, tmp_path)
     assert summary["total_steps"] >= 40000 and summary["actor_restarts"] >= 1 and summary["lost_rollouts"] >= 1, summary
     new_node = {node for node, resources in _node_ids(cluster).items() if "actor_node" in resources}
     assert len(new_node) == 1
