@@ -31,6 +31,7 @@ it (Ray ties them to their driver); ``--resume`` creates new ones.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 import uuid
@@ -49,16 +50,28 @@ INSTALL_HINT = 'pip install "fastrl[ray]"'
 HEALTH_EVERY_S = 0.2
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 5.0  # back-off between calls to an actor that is failing (restarting, no node)
 LOOPBACK = ("127.0.0.1", "localhost")
+CONNECT_TIMEOUT_S = 5.0
 
 
 def check_ray(cfg: Config) -> None:
-    """``--actors ray`` needs the ``ray`` package: one line saying how to install it."""
+    """``--actors ray`` needs the ``ray`` package (one line saying how to install it) and, given as ``HOST:PORT``, a
+    cluster head that answers there (Ray itself would retry for minutes)."""
     if cfg.actors != "ray":
         return
     try:
         import ray  # noqa: F401
     except ImportError:
         raise UserError(f"--actors ray needs Ray, which is not installed: {INSTALL_HINT}") from None
+    if cfg.ray_address == "auto":
+        return
+    host, _, port = cfg.ray_address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"ray_address={cfg.ray_address!r} is not HOST:PORT (or auto)")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UserError(f"no Ray cluster answers at {cfg.ray_address} ({e.strerror or e}): start its head there with "
+                        "ray start --head, or pass --ray-address auto") from None
 
 
 # The rollout keys an actor sends, as the ring's TensorDict nests them.

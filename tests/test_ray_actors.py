@@ -53,16 +53,27 @@ def test_without_ray_one_line_says_how_to_install(monkeypatch):
     check_ray(make_config(SMALL))  # the local pool does not need it
 
 
-def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch):
-    """One rollout collected by the shared collection code, reaching the learner through a local actor's shared-memory
-    slot and through a Ray actor's result: the same batch, then bit-identical weights and metrics after the update."""
+def test_unreachable_ray_address_is_one_line():
+    pytest.importorskip("ray", reason='ray is not installed: pip install "fastrl[ray]"')
+    from fastrl.ray_actors import check_ray
+    port = _free_port()  # nothing listens there
+    message = one_line_error(check_ray, make_config({**SMALL, "actors": "ray", "ray_address": f"127.0.0.1:{port}"}))
+    assert f"127.0.0.1:{port}" in message and "ray start --head" in message
+    assert "HOST:PORT" in one_line_error(check_ray, make_config({**SMALL, "actors": "ray", "ray_address": "head"}))
+
+
+@pytest.mark.parametrize("env_mode", ["sync", "async"])
+def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode):
+    """One rollout collected by the shared collection code (either env mode), reaching the learner through a local
+    actor's shared-memory slot and through a Ray actor's result: the same batch, then bit-identical weights and
+    metrics after the update."""
     pytest.importorskip("ray", reason='ray is not installed: pip install "fastrl[ray]"')
     from fastrl import ray_actors
     from fastrl.actor_learner import ActorLearnerTrainer, RolloutCollector, RolloutViews, flat_weights
     monkeypatch.setattr(ray_actors, "_actor_context", lambda: (False, "node-under-test"))
     monkeypatch.setattr(ray_actors, "_fetch", lambda ref: ref)  # the "object store" hands back the array itself
-    local = ActorLearnerTrainer(make_config(SMALL), CPU)
-    remote = ActorLearnerTrainer(make_config({**SMALL, "actors": "ray"}), CPU)
+    local = ActorLearnerTrainer(make_config({**SMALL, "env_mode": env_mode}), CPU)
+    remote = ActorLearnerTrainer(make_config({**SMALL, "env_mode": env_mode, "actors": "ray"}), CPU)
     try:
         assert torch.equal(flat_weights(local.agent), flat_weights(remote.agent))
         weights = flat_weights(local.agent).numpy()
