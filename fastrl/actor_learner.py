@@ -25,7 +25,9 @@ Waiting is polling with sub-millisecond sleeps: cheap at these rates and immune 
 (Plain stores ordered by program order suffice on x86 and with CPython's calls as compiler barriers.)
 
 The slot interface (``SlotRing.acquire / commit`` for an actor, ``full_slots / release`` for the learner)
-is all an actor needs, so actors on other hosts could later sit behind the same four verbs.
+is all an actor needs: with ``--actors ray`` (``fastrl.ray_actors``) actors on other hosts run the same
+``RolloutCollector`` and the learner commits their rollouts into its own ring, which ``gather`` reads as it reads
+the local actors' slots.
 """
 from __future__ import annotations
 

@@ -153,8 +153,9 @@ class Config:
                      ("local", "ray"))
     ray_address: str = _f("auto", "impala/appo with actors ray: the Ray cluster to join, HOST:PORT of its head, or auto "
                                   "(a running cluster, else a local one on 127.0.0.1)")
-    actor_resources: str = _f("", "impala/appo with actors ray: Ray resources each actor reserves, KEY=V[,KEY=V] (e.g. "
-                                  "actor_node=1 to place actors on nodes started with that resource; CPU=1 unless given)")
+    actor_resources: str = _f("CPU=1", "impala/appo with actors ray: Ray resources each actor reserves, KEY=V[,KEY=V] "
+                                       "(e.g. actor_node=1 to place actors on nodes started with that resource; CPU=1 "
+                                       "unless given)")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
     progress: bool = _f(True, "show a progress bar")
@@ -287,7 +288,7 @@ class Config:
             raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
                             "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")
         parse_resources(self.actor_resources)
-        if self.actors == "local" and (self.ray_address != "auto" or self.actor_resources):
+        if self.actors == "local" and (self.ray_address != "auto" or self.actor_resources != "CPU=1"):
             name = "ray_address" if self.ray_address != "auto" else "actor_resources"
             raise UserError(f"{name}={getattr(self, name)} applies to Ray actors only: add --actors ray, or drop it")
         if self.normalize_obs or self.normalize_reward:
