@@ -25,7 +25,9 @@ Waiting is polling with sub-millisecond sleeps: cheap at these rates and immune 
 (Plain stores ordered by program order suffice on x86 and with CPython's calls as compiler barriers.)
 
 The slot interface (``SlotRing.acquire / commit`` for an actor, ``full_slots / release`` for the learner)
-is all an actor needs, so actors on other hosts could later sit behind the same four verbs.
+is all an actor needs: with ``--actors ray`` (``fastrl.ray_actors``) actors on other hosts run the same
+``RolloutCollector`` and the learner commits their rollouts into its own ring, which ``gather`` reads as it reads
+the local actors' slots.
 """
 from __future__ import annotations
 
@@ -83,16 +85,18 @@ class SlotRing:
     """
 
     def __init__(self, n_slots: int, n_actors: int, n_steps: int, n_envs: int, obs_shape: tuple,
-                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100):
+                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100, shared: bool = True):
+        def place(t: torch.Tensor):  # shared memory for actor processes; the learner's own memory for Ray's results
+            return t.share_memory_() if shared else t
         one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec).exclude("advantage", "value_target")
-        self.rollout = one.expand(n_slots, n_steps, n_envs).clone().share_memory_()
-        self.bootstrap_observation = torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype).share_memory_()
-        self.episode_return = torch.zeros(n_slots, episode_capacity, dtype=torch.float64).share_memory_()
-        self.episode_length = torch.zeros(n_slots, episode_capacity, dtype=torch.int64).share_memory_()
-        self.n_episodes = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.state = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.version = torch.zeros(n_slots, dtype=torch.int64).share_memory_()
-        self.full_time = torch.zeros(n_slots, dtype=torch.float64).share_memory_()
+        self.rollout = place(one.expand(n_slots, n_steps, n_envs).clone())
+        self.bootstrap_observation = place(torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype))
+        self.episode_return = place(torch.zeros(n_slots, episode_capacity, dtype=torch.float64))
+        self.episode_length = place(torch.zeros(n_slots, episode_capacity, dtype=torch.int64))
+        self.n_episodes = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.state = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.version = place(torch.zeros(n_slots, dtype=torch.int64))
+        self.full_time = place(torch.zeros(n_slots, dtype=torch.float64))
         self.n_slots, self.n_actors = n_slots, n_actors
         self.per_actor = n_slots // n_actors
         self._np()
@@ -187,12 +191,7 @@ class WeightBoard:
             if seq % 2:
                 time.sleep(POLL_S)
                 continue
-            offset = 0
-            with torch.no_grad():
-                for t in _flat_tensors(agent):
-                    n = t.numel()
-                    t.copy_(self.flat[offset:offset + n].view_as(t))
-                    offset += n
+            load_flat_weights(agent, self.flat)
             version = int(c[VERSION])
             if int(c[SEQ]) == seq:
                 return version, seq
@@ -220,44 +219,107 @@ def copy_new_episodes(stats: EpisodeStats, seen: int, returns: torch.Tensor, len
     return new
 
 
+def load_flat_weights(agent, flat: torch.Tensor) -> None:
+    """Copy a flat float32 vector (``WeightBoard``'s layout: parameters, then float buffers) into ``agent``."""
+    offset = 0
+    with torch.no_grad():
+        for t in _flat_tensors(agent):
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+def flat_weights(agent) -> torch.Tensor:
+    """``agent``'s weights as one new flat float32 CPU vector (the layout ``load_flat_weights`` reads)."""
+    return torch.cat([t.detach().reshape(-1).float().cpu() for t in _flat_tensors(agent)])
+
+
+class RolloutCollector:
+    """One actor's envs and CPU policy copy, filling ``[T, N]`` rollouts: the collection code of every actor, a local
+    process (``actor_main``) or a Ray actor (``fastrl.ray_actors``).
+
+    Builds the env batch of ``n_envs`` (seeded by ``actor_env_seed``) and the policy (1 torch thread, no grad).
+    ``collect`` runs one rollout into ``RolloutViews``; with ``env_mode`` async the views are filled by
+    ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the transitions the
+    sync loop would write. Per env step: one policy forward, one env step, slice writes and a ``heartbeat()``; no
+    .item(), no per-env Python loop, no allocation of buffers. Episode statistics are the env's own (``env.stats``).
+    """
+
+    def __init__(self, cfg: Config, actor_id: int, restart: int):
+        torch.set_num_threads(1)
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once
+        torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
+        env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
+        seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs)
+        self.grouped = None
+        if resolve_env_mode(cfg, cfg.n_envs) == "async":
+            from fastrl.trainer import Timer
+            self.env = make_async_env(env_cfg, seed=seed)
+            self.grouped, self.timer = GroupedRollout(self.env.env), Timer()
+        else:
+            self.env = make_env(env_cfg, seed=seed)
+        env = self.env
+        self.agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
+        self.agent.requires_grad_(False)
+        self.obs = env.reset()
+
+    def collect(self, views: RolloutViews, bootstrap_observation: torch.Tensor, episode_return: torch.Tensor,
+                episode_length: torch.Tensor, heartbeat) -> tuple[int, float, float]:
+        """Fill ``views`` ``[T, N]`` and ``bootstrap_observation [N, *obs]`` (obs[T]) with the next rollout, and
+        ``episode_return`` / ``episode_length [E]`` with the episodes it finished (the last ``min(n, E)``).
+        Returns ``(episodes finished, seconds in the policy, seconds in env.step)``."""
+        env, agent, obs = self.env, self.agent, self.obs
+        seen_episodes = env.stats.count
+        with torch.no_grad():
+            if self.grouped is not None:  # the same [T, N] rollout, filled group by group (fastrl/async_collect.py)
+                obs = self.grouped.run(views, obs, agent.get_action_and_value, agent.get_value, self.timer, heartbeat)
+                seconds = self.timer.pop()
+                policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
+            else:
+                policy_s = env_s = 0.0
+                for t in range(views.observation.shape[0]):
+                    t0 = time.perf_counter()
+                    action, logp, _, value = agent.get_action_and_value(obs)
+                    views.observation[t].copy_(obs)
+                    views.action[t].copy_(action)
+                    views.sample_log_prob[t].copy_(logp)
+                    views.state_value[t].copy_(value)
+                    t1 = time.perf_counter()
+                    step = env.step(action)
+                    t2 = time.perf_counter()
+                    views.reward[t].copy_(step.reward)
+                    views.done[t].copy_(step.done)
+                    views.terminated[t].copy_(step.terminated)
+                    views.truncated[t].copy_(step.truncated)
+                    views.valid[t].copy_(step.valid)
+                    obs = step.observation
+                    policy_s += t1 - t0
+                    env_s += t2 - t1
+                    heartbeat()
+                views.next_value[:-1].copy_(views.state_value[1:])  # behaviour values; the learner recomputes its own
+                views.next_value[-1].copy_(agent.get_value(obs))
+        bootstrap_observation.copy_(obs)
+        self.obs = obs
+        finished = copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length)
+        return finished, policy_s, env_s
+
+    def close(self) -> None:
+        self.env.close()
+
+
 def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard,
                stats: torch.Tensor, parent_pid: int) -> None:
-    """Actor process body: fill own slots with ``[T, N]`` rollouts until told to stop or orphaned.
-
-    Per env step: one policy forward (1 thread), one env step, slice writes into the shared slot and a heartbeat
-    write; no .item(), no per-env Python loop, no allocation of buffers. With ``env_mode`` async the same slot is
-    filled by ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the
-    transitions the sync loop would write. Episode statistics are the env's own
-    (``env.stats``), copied into the slot once per rollout.
-    """
+    """Actor process body: fill own slots with ``[T, N]`` rollouts (``RolloutCollector``) until told to stop or
+    orphaned. Before each rollout it pulls the newest published weights, if any came since the last."""
     stopping = {"now": False}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C hits the whole group; the learner decides
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once per actor
-    torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
-    env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
-    seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs)
-    grouped = None  # env_mode async: two env groups, one stepping while the policy acts on the other
-    if resolve_env_mode(cfg, cfg.n_envs) == "async":
-        from fastrl.trainer import Timer
-        env = make_async_env(env_cfg, seed=seed)
-        grouped, timer = GroupedRollout(env.env), Timer()
-    else:
-        env = make_env(env_cfg, seed=seed)
-    agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
-    agent.requires_grad_(False)
-    version, seen_seq = board.pull(agent)
+    collector = RolloutCollector(cfg, actor_id, restart)
+    version, seen_seq = board.pull(collector.agent)
     my_stats = stats[actor_id].numpy()
     my_stats[A_BEAT] = time.monotonic()
-    T = cfg.n_steps
-    views = []  # per owned slot, the tensors the rollout loop writes, looked up once
-    for slot in ring.owned(actor_id):
-        r = ring.rollout[slot]
-        nxt = r["next"]
-        views.append((slot, r["observation"], r["action"], r["sample_log_prob"], r["state_value"], r["valid"],
-                      nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"], nxt["state_value"],
-                      ring.bootstrap_observation[slot], RolloutViews.of(r)))
+    slots = list(ring.owned(actor_id))
+    views = [RolloutViews.of(ring.rollout[slot]) for slot in slots]  # looked up once
 
     def heartbeat() -> None:
         my_stats[A_BEAT] = time.monotonic()
@@ -265,61 +327,30 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     def should_stop() -> bool:
         return stopping["now"] or board.stop_requested or os.getppid() != parent_pid
 
-    obs = env.reset()
     turn = 0
     try:
-        with torch.no_grad():
-            while not should_stop():
-                (slot, o_buf, a_buf, logp_buf, v_buf, valid_buf, r_buf, d_buf, term_buf, trunc_buf, nv_buf,
-                 boot_buf, slot_views) = views[turn % len(views)]
-                wait_start = time.perf_counter()
-                while not ring.acquire(slot):
-                    if should_stop():
-                        return
-                    my_stats[A_BEAT] = time.monotonic()
-                    time.sleep(POLL_S)
-                my_stats[A_WAIT] += time.perf_counter() - wait_start
-                if board.seq() != seen_seq:
-                    version, seen_seq = board.pull(agent)
-                seen_episodes = env.stats.count
-                if grouped is not None:  # the same [T, N] slot, filled group by group (fastrl/async_collect.py)
-                    obs = grouped.run(slot_views, obs, agent.get_action_and_value, agent.get_value, timer, heartbeat)
-                    seconds = timer.pop()
-                    policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
-                else:
-                    policy_s = env_s = 0.0
-                    for t in range(T):
-                        t0 = time.perf_counter()
-                        action, logp, _, value = agent.get_action_and_value(obs)
-                        o_buf[t].copy_(obs)
-                        a_buf[t].copy_(action)
-                        logp_buf[t].copy_(logp)
-                        v_buf[t].copy_(value)
-                        t1 = time.perf_counter()
-                        step = env.step(action)
-                        t2 = time.perf_counter()
-                        r_buf[t].copy_(step.reward)
-                        d_buf[t].copy_(step.done)
-                        term_buf[t].copy_(step.terminated)
-                        trunc_buf[t].copy_(step.truncated)
-                        valid_buf[t].copy_(step.valid)
-                        obs = step.observation
-                        policy_s += t1 - t0
-                        env_s += t2 - t1
-                        my_stats[A_BEAT] = time.monotonic()
-                    nv_buf[:-1].copy_(v_buf[1:])  # behaviour values; the learner recomputes its own
-                    nv_buf[-1].copy_(agent.get_value(obs))
-                boot_buf.copy_(obs)
-                ring.n_episodes[slot] = copy_new_episodes(env.stats, seen_episodes, ring.episode_return[slot],
-                                                          ring.episode_length[slot])
-                ring.commit(slot, version)
-                my_stats[A_STEPS] += T * cfg.n_envs
-                my_stats[A_ROLLOUTS] += 1
-                my_stats[A_ENV] += env_s
-                my_stats[A_POLICY] += policy_s
-                turn += 1
+        while not should_stop():
+            slot = slots[turn % len(slots)]
+            wait_start = time.perf_counter()
+            while not ring.acquire(slot):
+                if should_stop():
+                    return
+                heartbeat()
+                time.sleep(POLL_S)
+            my_stats[A_WAIT] += time.perf_counter() - wait_start
+            if board.seq() != seen_seq:
+                version, seen_seq = board.pull(collector.agent)
+            ring.n_episodes[slot], policy_s, env_s = collector.collect(
+                views[turn % len(slots)], ring.bootstrap_observation[slot], ring.episode_return[slot],
+                ring.episode_length[slot], heartbeat)
+            ring.commit(slot, version)
+            my_stats[A_STEPS] += cfg.n_steps * cfg.n_envs
+            my_stats[A_ROLLOUTS] += 1
+            my_stats[A_ENV] += env_s
+            my_stats[A_POLICY] += policy_s
+            turn += 1
     finally:
-        env.close()
+        collector.close()
 
 
 # ---------------------------------------------------------------------------------------------- pool
@@ -338,6 +369,7 @@ class ActorPool:
         self.incarnation = [0] * cfg.n_actors
         self.restarts = 0
         self.hung_restarts = 0
+        self.lost_rollouts = 0  # half-written slots of dead or hung actors
         self.started_at = [0.0] * cfg.n_actors
         self.max_restarts = 10 * cfg.n_actors if max_restarts is None else max_restarts
         self._last_check = 0.0
@@ -387,12 +419,18 @@ class ActorPool:
             if self.restarts >= self.max_restarts:
                 raise RuntimeError(f"actor {actor_id} exited with code {proc.exitcode} and the restart budget "
                                    f"({self.max_restarts}) is spent; see the actor's traceback above")
-            self.ring.reclaim(actor_id)
+            self.lost_rollouts += self.ring.reclaim(actor_id)
             self.incarnation[actor_id] += 1
             self.restarts += 1
             restarted += 1
             self._start(actor_id)
         return restarted
+
+    def log_extras(self, _interval_s: float) -> dict:
+        return {}
+
+    def summary_extras(self) -> dict:
+        return {}
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask every actor to stop, wait up to ``timeout_s``, then terminate and finally kill stragglers."""
@@ -470,9 +508,13 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.lr_scale = 1.0  # lowered by each rollback
         self.should_stop = lambda: False
         self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec,
-                             self.episodes.window)
-        self.board = WeightBoard(self.agent)
-        self.pool = ActorPool(cfg, self.ring, self.board)
+                             self.episodes.window, shared=cfg.actors == "local")
+        if cfg.actors == "ray":  # Ray actors on any node; their rollouts land in this (learner-side) ring
+            from fastrl.ray_actors import RayActorPool
+            self.pool = self.board = RayActorPool(cfg, self.ring)
+        else:
+            self.board = WeightBoard(self.agent)
+            self.pool = ActorPool(cfg, self.ring, self.board)
         self.published_version = -1
         self.start_time = time.perf_counter()
         self._last_actor_stats = self.pool.stats.clone()
@@ -509,6 +551,7 @@ class ActorLearnerTrainer(TrainerDefaults):
             self.publish()
             self.start_time = time.perf_counter()
             self.pool.start()
+        self.pool.check()  # Ray: hand the slots the last gather freed back to their actors before waiting
         return self.gather(self.ring, self._keep_going)
 
     def gather(self, ring: SlotRing, keep_going) -> bool:
@@ -592,6 +635,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self._last_log_time, self._last_actor_stats = now, actor_now
         out = {"charts/actor_sps": float(delta[:, A_STEPS].sum()) / dt,
                "actors/restarts": self.pool.restarts, "actors/hung_restarts": self.pool.hung_restarts,
+               "actors/lost_rollouts": self.pool.lost_rollouts, **self.pool.log_extras(dt),
                "queue/actor_wait_s": float(delta[:, A_WAIT].sum()),
                "time/actor_env_s": float(delta[:, A_ENV].sum()), "time/actor_policy_s": float(delta[:, A_POLICY].sum()),
                "staleness/policy_lag_mean": mean(self.lags), "staleness/policy_lag_max": max(self.lags, default=0),
@@ -623,7 +667,9 @@ class ActorLearnerTrainer(TrainerDefaults):
                 "actor_sps": float(actor_total[:, A_STEPS].sum()) / wall,
                 "actor_restarts": self.pool.restarts, "hung_actor_restarts": self.pool.hung_restarts,
                 "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
-                "dropped_rollouts": lags["dropped"], "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs)}
+                "dropped_rollouts": lags["dropped"], "lost_rollouts": self.pool.lost_rollouts,
+                "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs), "actors": self.cfg.actors,
+                **self.pool.summary_extras()}
 
     def state_dict(self) -> dict:
         """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""

@@ -55,7 +55,7 @@ APPLIES_TO = {
     "n_epochs": (("ppo", "appo", "a2c"), "one pass per batch; APPO reuses batches", "use --algo appo"),
     "gae_lambda": (("ppo", "a2c"), "V-trace advantages take vtrace_lambda", "set vtrace_lambda instead"),
     **{name: _ACTOR_LEARNER for name in ("n_actors", "n_slots", "learner_batch", "sync_interval", "max_policy_lag",
-                                         "actor_timeout_s")},
+                                         "actor_timeout_s", "actors", "ray_address", "actor_resources")},
     **{name: _V_TRACE for name in ("rho_bar", "c_bar", "vtrace_lambda")},
 }
 
@@ -154,6 +154,14 @@ class Config:
     c_bar: float = _f(1.0, "impala/appo: V-trace clip of the trace coefficient c")
     vtrace_lambda: float = _f(1.0, "impala/appo: V-trace lambda (1 = the IMPALA paper)")
     actor_timeout_s: float = _f(60.0, "impala/appo: an actor silent (no heartbeat) this long is killed and restarted")
+    actors: str = _f("local", "impala/appo: where the actors run: local (processes on this machine, shared memory) or "
+                              "ray (Ray actors on the nodes of a Ray cluster; pip install \"fastrl[ray]\")",
+                     ("local", "ray"))
+    ray_address: str = _f("auto", "impala/appo with actors ray: the Ray cluster to join, HOST:PORT of its head, or auto "
+                                  "(a running cluster, else a local one on 127.0.0.1)")
+    actor_resources: str = _f("CPU=1", "impala/appo with actors ray: Ray resources each actor reserves, KEY=V[,KEY=V] "
+                                       "(e.g. actor_node=1 to place actors on nodes started with that resource; CPU=1 "
+                                       "unless given)")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
     progress: bool = _f(True, "show a progress bar")
@@ -280,6 +288,10 @@ class Config:
         if self.max_policy_lag and self.sync_interval >= self.max_policy_lag:
             raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
                             "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")
+        parse_resources(self.actor_resources)
+        if self.actors == "local" and (self.ray_address != "auto" or self.actor_resources != "CPU=1"):
+            name = "ray_address" if self.ray_address != "auto" else "actor_resources"
+            raise UserError(f"{name}={getattr(self, name)} applies to Ray actors only: add --actors ray, or drop it")
         if self.normalize_obs or self.normalize_reward:
             raise UserError(f"{self.algo} does not support normalize_obs/normalize_reward yet (each actor would keep "
                             "its own statistics); set both to false")
@@ -292,6 +304,25 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def parse_resources(text: str) -> dict:
+    """``actor_resources`` (``KEY=V[,KEY=V]``, V a number >= 0) as ``{key: float}``, or raise UserError."""
+    out = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        try:
+            amount = float(value) if sep and key.strip() else -1.0
+        except ValueError:
+            amount = -1.0
+        if amount < 0 or not math.isfinite(amount):
+            raise UserError(f"actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got {item!r}")
+        out[key.strip()] = amount
+    return out
+
+
 # A YAML file describes an experiment, not a place: a saved config.yaml (which records these) starts a new run
 # directory instead of writing into the run it came from.
 YAML_IGNORED = ("run_dir", "resume", "overwrite")

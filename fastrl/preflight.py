@@ -43,6 +43,8 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
     check_env_for_actors(cfg)
+    from fastrl.ray_actors import check_ray
+    check_ray(cfg)
     observation_shape, observation_dtype, _action_spec = probe_env(cfg)
     check_model(cfg, observation_shape, observation_dtype)
     check_env_mode(cfg, world_size)
@@ -57,6 +59,9 @@ def check_launch(cfg: Config, world_size: int) -> None:
     """torchrun: impala/appo run their own processes; the PPO/A2C batch must split evenly across ranks."""
     if world_size <= 1:
         return
+    if cfg.algo in ACTOR_LEARNER_ALGOS and cfg.actors == "ray":
+        raise UserError(f"{cfg.algo} with --actors ray has one learner process, the Ray driver, on one device (DDP "
+                        "over several GPUs behind a Ray driver is not supported): launch it with python, not torchrun")
     if cfg.algo in ACTOR_LEARNER_ALGOS:
         raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
     if cfg.per_rank:
