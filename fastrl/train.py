@@ -8,14 +8,27 @@ Called, this module is the Python API: ``fastrl.train(env=..., **overrides)`` is
 """
 from __future__ import annotations
 
-import json
+import os
 import signal
 import sys
-import threading
-import types
-from typing import TYPE_CHECKING
 
-from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides
+
+def _interrupted_while_importing(_signum, _frame):
+    """``python -m fastrl.train``: a Ctrl-C among the imports, before ``main`` takes over, has nothing to save."""
+    sys.stderr.write("fastrl: interrupted (Ctrl-C)\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+import json  # noqa: E402
+import threading  # noqa: E402
+import types  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
 
 if TYPE_CHECKING:
     from fastrl import distributed
