@@ -97,8 +97,26 @@ class BackgroundSink:
             self._thread.join()
 
 
+def _quiet_tensorboard_writer_thread() -> None:
+    """TensorBoard's writer thread re-raises a failed write (a full disk) out of the thread, which prints a
+    traceback; the same error reaches the sink at its next write, as one warning. Only that thread's OSErrors are
+    silenced; every other thread exception goes to the previous hook."""
+    previous = threading.excepthook
+    if getattr(previous, "fastrl_tensorboard", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.fastrl_tensorboard = True
+    threading.excepthook = hook
+
+
 def open_tensorboard(tb_dir: Path, start_step: int):
     from torch.utils.tensorboard import SummaryWriter
+    _quiet_tensorboard_writer_thread()
     # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
     _wait_for_a_later_event_file_name(tb_dir)
     return SummaryWriter(str(tb_dir), purge_step=start_step + 1 if start_step else None)
