@@ -68,24 +68,24 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     if not overrides.get("resume"):
         return make_config(overrides, yaml_path, where=where), None
     from fastrl.checkpoint import checkpoint_config, load_checkpoint
-    from fastrl.rundir import config_differences
+    from fastrl.config import _coerce as coerce_value
     target = overrides["resume"]
     state = load_checkpoint(target)
-    saved = checkpoint_config(state, f"checkpoint {target}", env=overrides.get("env"))
-    base = saved.to_dict()
-    base["env"] = state["config"].get("env", base["env"])  # an env passed by the user is an override, judged below
-    base["run_dir"] = ""  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
+    # The checkpoint's env is used only if it imports no code; an env passed by the user is an override, judged below.
+    saved = checkpoint_config(state, f"checkpoint {target}", env=overrides.get("env")).to_dict()
+    saved["env"] = state["config"].get("env", saved["env"])
+    given = dict(overrides)
     if yaml_path:
-        base.update({key.replace("-", "_"): value for key, value in load_yaml(yaml_path).items()
-                     if key.replace("-", "_") not in YAML_IGNORED})
-    cfg = make_config({**base, **overrides}, where=where)
-    changed = config_differences(make_config(state["config"], where=f"checkpoint {target}").to_dict(), cfg,
-                                 RESUME_FIXED)
+        given = {**{key: value for key, value in load_yaml(yaml_path).items()
+                    if key.replace("-", "_") not in YAML_IGNORED}, **overrides}
+    given = {key.replace("-", "_"): value for key, value in given.items()}
+    changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
     if changed:
-        old = state["config"]
-        diffs = ", ".join(f"{k} {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in changed)
+        diffs = ", ".join(f"{k} {saved[k]!r} -> {coerce_value(k, given[k])!r}" for k in changed)
         raise UserError(f"--resume {target} would change {diffs}; a resume continues the same model, env and batch "
                         f"shape: drop those flags, or start a new run with them (--config <run>/config.yaml)")
+    base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
+    cfg = make_config({**base, **given}, where=where)
     done = int(state.get("global_step", 0))
     if cfg.total_steps < done:
         raise UserError(f"--resume {target}: its checkpoint is at step {done}, past total_steps={cfg.total_steps}; "
