@@ -173,13 +173,15 @@ def _startup_interrupt(signum, _frame):
     raise KeyboardInterrupt
 
 
-def install_startup_interrupt() -> None:
+def install_startup_interrupt():
     """Until the run loop installs its own stop handlers (and again after it restores these), SIGINT raises
     KeyboardInterrupt as Python's default handler does, and also leaves a mark: an interrupt that some library
-    swallows (e.g. raised inside a gc callback, where Python only prints it) still ends the run before training."""
+    swallows (e.g. raised inside a gc callback, where Python only prints it) still ends the run before training.
+    Returns the previous handler (None outside the main thread, where handlers cannot be set)."""
     _STARTUP_INTERRUPT["signal"] = None
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _startup_interrupt)
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, _startup_interrupt)
 
 
 def raise_if_interrupted() -> None:
@@ -190,17 +192,14 @@ def raise_if_interrupted() -> None:
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
     """The command line: 0 when the run ends (its budget, stop_at_return, SIGTERM), 2 with one line for a user
     error, 130 with one line for Ctrl-C at any moment (mid-run after the clean stop that saves the run)."""
-    from fastrl.envs import EnvError
+    previous = None
     try:
-        install_startup_interrupt()
+        previous = install_startup_interrupt()
         try:
             cfg, resume_state = config_from_cli(argv, prog=prog)
             summary = run(cfg, resume_state)
-        except EnvError as e:
-            print(e.trace + f"fastrl: error: {e}", file=sys.stderr)
-            return 2
-        except UserError as e:
-            print(f"fastrl: error: {e}", file=sys.stderr)
+        except UserError as e:  # an env's failure (fastrl.envs.EnvError) carries the env's own traceback first
+            print(getattr(e, "trace", "") + f"fastrl: error: {e}", file=sys.stderr)
             return 2
         if summary.get("stop_signal") == "SIGINT" or _STARTUP_INTERRUPT["signal"] is not None:
             where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
@@ -209,6 +208,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
     except KeyboardInterrupt:
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
         print(json.dumps(shown))
