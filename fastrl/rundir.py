@@ -73,8 +73,8 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
-        """Take the lock or raise a one-line UserError naming the process that holds it. The PID is written by
-        ``claim`` once the caller has decided to run here, so a refused run leaves the file as it found it."""
+        """Take the lock and write this process's PID into the file, or raise a one-line UserError naming the
+        process that holds it."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as e:
@@ -89,12 +89,9 @@ class RunLock:
             raise UserError(f"run_dir {str(self.path.parent)!r} is in use by the live process PID {owner}: wait for "
                             "it to finish (or stop it), or pick another --run-dir") from None
         self._fd = fd
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return self
-
-    def claim(self) -> None:
-        """Record this process's PID as the owner."""
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
         """Idempotent."""
@@ -218,7 +215,6 @@ def agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:
     if dist_info.is_main:
         try:
             path, lock = _choose(cfg, dist_info)
-            lock.claim()
             _HELD[str(path)] = lock
             choice = str(path)
         except UserError as e:
