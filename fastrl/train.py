@@ -117,8 +117,9 @@ def _load_resume_state(trainer, state: dict, run_dir) -> None:
             raise UserError(f"the checkpoint of {run_dir} (step {trainer.global_step}) was taken with another batch "
                             "shape, so this resume would train nothing; start a new run instead")
         if _finished_summary(run_dir):
+            at_least = trainer.global_step + getattr(trainer, "steps_per_iteration", 1)  # budgets round to iterations
             raise UserError(f"{run_dir} already trained its budget of {trainer.global_step} steps; pass --total-steps "
-                            f"above {trainer.global_step} to train on")
+                            f"{at_least} or more to train on")
 
 
 def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):

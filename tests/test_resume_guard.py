@@ -66,8 +66,9 @@ def test_resume_with_more_steps_continues_in_env_steps(run_copy):
     assert summary["resumed_from_step"] == 256 and summary["total_steps"] == 512 and summary["sps"] > 0
 
 
-@pytest.mark.parametrize("total, needle", [("128", "past total_steps=128"), ("256", "already trained its budget"),
-                                           ("300", "already trained its budget")])
+@pytest.mark.parametrize("total, needle", [("128", "past total_steps=128"),
+                                           ("256", "already trained its budget of 256 steps; pass --total-steps 384"),
+                                           ("300", "already trained its budget of 256 steps; pass --total-steps 384")])
 def test_resume_that_would_train_nothing_is_refused(run_copy, capsys, total, needle):
     assert train_main(["--resume", str(run_copy), "--total-steps", total, *QUIET]) == 2
     assert needle in _one_line(capsys)
