@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError, make_config
+from fastrl.config import Config, UserError
 from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation
 
 
