@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError, make_config
+from fastrl.config import Config, UserError
 from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation
 
 
@@ -77,17 +77,18 @@ class Run:
             if self.run_dir is None:
                 raise UserError("this process wrote no run directory (a torchrun rank other than 0); load the agent "
                                 "on rank 0")
-            self._agent = load(self.run_dir)
+            self._agent = load(self.run_dir, env=self.summary.get("env"))  # the env this process was given
         return self._agent
 
 
 def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
     ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
-    defined inside a function of another process); ``device`` is where the policy runs. ``member``: which agent of a
+    defined inside a function of another process), and must be given for a saved ``module:Name`` env, which a
+    checkpoint alone never makes fastrl import; ``device`` is where the policy runs. ``member``: which agent of a
     population run (``--n-seeds``/``--vary``)."""
     from fastrl.callbacks import best_checkpoint_path
-    from fastrl.checkpoint import load_checkpoint, resolve_checkpoint, select_member
+    from fastrl.checkpoint import checkpoint_config, load_checkpoint, resolve_checkpoint, select_member
     from fastrl.distributed import resolve_device
 
     target = Path(path)
@@ -99,9 +100,7 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
-    cfg = make_config(state["config"], where=f"checkpoint {target}")
-    if env is not None:
-        cfg = dataclasses.replace(cfg, env=env_name(env))
+    cfg = checkpoint_config(state, f"checkpoint {target}", env)  # a saved module:Name env is used only if passed
     return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
 
 

@@ -5,18 +5,18 @@ has to unpickle arbitrary objects: a file carrying code is refused.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
+import random
 import re
 import zipfile
 from pathlib import Path
 
-import random
-
 import numpy as np
 import torch
 
-from fastrl.config import UserError
+from fastrl.config import Config, UserError, make_config
 
 _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
 
@@ -33,8 +33,23 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
 
 
+def state_bytes(state) -> int:
+    """The bytes of the tensors in ``state`` (nested dicts, lists): about what its checkpoint file takes."""
+    if torch.is_tensor(state):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 64
+
+
 def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
-    """Write ``state`` atomically to ``path``; then delete all but the newest ``keep`` (0 keeps all)."""
+    """Write ``state`` atomically to ``path``; then delete all but the newest ``keep`` (0 keeps all) and any
+    temporary file a killed writer left. A full disk (torch.save raises RuntimeError there, other writes OSError)
+    is a one-line UserError naming the path and the space needed; the partial file is removed, and the earlier
+    checkpoints are untouched."""
+    from fastrl.storage import is_disk_full, write_error
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
@@ -44,9 +59,12 @@ def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
         tmp.unlink(missing_ok=True)
-        raise UserError(f"could not write checkpoint {path}: {e.strerror}; free disk space (earlier checkpoints are intact)") from None
+        needed = state_bytes(state)
+        if isinstance(e, RuntimeError) and not (is_disk_full(e, path.parent, needed) or "write" in str(e)):
+            raise  # not a failed write: a bug, with its traceback
+        raise write_error("checkpoint", path, e, needed, " (earlier checkpoints are intact)") from None
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
@@ -55,7 +73,25 @@ def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
     if keep > 0:
         for old in list_checkpoints(path.parent)[:-keep]:
             old.unlink(missing_ok=True)
+    for leftover in path.parent.glob(".ckpt_*.tmp.*"):  # a kill -9 mid-write; the run dir's lock makes them stale
+        leftover.unlink(missing_ok=True)
     return path
+
+
+def checkpoint_config(state: dict, where: str, env=None) -> Config:
+    """The ``Config`` a checkpoint was trained with, ``env`` (given by the user) replacing its env.
+
+    A checkpoint never makes fastrl import or call code: a saved env of the form ``module:Name`` (a module to import,
+    a class or factory to call) is used only when the user names it, by passing ``env``."""
+    from fastrl.envs import env_name, is_process_local
+    cfg = make_config(state["config"], where=where)
+    if env is not None:
+        return dataclasses.replace(cfg, env=env_name(env))
+    if ":" in cfg.env and not is_process_local(cfg.env):
+        raise UserError(f"{where} names the env {cfg.env!r}, which would import and run code from module "
+                        f"{cfg.env.split(':', 1)[0]!r}; loading never does that on a file's word: pass the env "
+                        f"yourself (--env {cfg.env}, or env=... in Python) if you trust it")
+    return cfg
 
 
 def resolve_checkpoint(target: str | Path) -> Path:

@@ -11,7 +11,7 @@ from fastrl.config import UserError
 USAGE = """usage: fastrl {train,eval,plot,bench} ...
 
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
-  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV]                   deterministic evaluation
+  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV] [--env ID]        deterministic evaluation
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
   fastrl bench [PART ...] [--quick]                                            run benchmarks (see fastrl bench --help)
   fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
@@ -31,12 +31,15 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
+    parser.add_argument("--env", default=None, help="the env to evaluate on (required when the run's env is a "
+                        "module:Name, which a checkpoint alone never makes fastrl import)")
     try:
         args = parser.parse_args(argv)
         if args.episodes <= 0 or args.seeds <= 0:
             raise UserError("--episodes and --seeds must be positive")
         from fastrl.evaluate import evaluate_checkpoint
-        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member)
+        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
+                                           args.env)
     except UserError as e:
         print(f"fastrl eval: error: {e}", file=sys.stderr)
         return 2

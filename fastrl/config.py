@@ -419,6 +419,8 @@ def load_yaml(path: str | Path) -> dict:
     path = resolve_config_path(path)  # a file, or a tuned config's name (ppo/lunarlander)
     try:
         data = yaml.safe_load(path.read_text()) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {str(path)!r} is not text (not UTF-8): pass a YAML file") from None
     except yaml.YAMLError as e:
         raise UserError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):

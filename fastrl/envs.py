@@ -348,6 +348,105 @@ def _action_spec(space) -> ActionSpec:
     raise UserError(f"action space {space} is not supported; fastrl handles Discrete and Box actions")
 
 
+class ObservationShapeError(ValueError):
+    """A Python env returned an observation whose shape is not its observation space's (message: env, expected and
+    received shape)."""
+
+
+class EnvCodeError(RuntimeError):
+    """What a Python env raised, carried out of a vector env's worker process: ``kind`` (the exception's type name),
+    ``message`` (its first line) and ``trace`` (its traceback through the env's own code, formatted where it was
+    raised). Gymnasium's AsyncVectorEnv re-raises a worker's exception as ``type(e)(e)``, so building one from
+    another copies it."""
+
+    def __init__(self, message="", kind: str = "", trace: str = ""):
+        if isinstance(message, EnvCodeError):
+            message, kind, trace = message.message, message.kind, message.trace
+        super().__init__(message)
+        self.message, self.kind, self.trace = str(message), kind, trace
+
+    @classmethod
+    def from_exception(cls, error: BaseException) -> EnvCodeError:
+        import os
+        import traceback
+        import gymnasium
+        skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(__file__))
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
+        trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
+        first = (str(error).strip().splitlines() or ["?"])[0]
+        return cls(first, type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
+
+
+class EnvError(UserError):
+    """The user's env raised ``error`` inside ``call`` (``reset`` or ``step``). The run loop stops the run as a stop
+    signal would (final checkpoint, summary.json's ``stopped_by_error``); the command line then shows the env's own
+    traceback (``trace``) and this one line."""
+
+    def __init__(self, env_id: str, error: BaseException, call: str):
+        self.env_id, self.error, self.call = env_id, error, call
+        self.trace = getattr(error, "trace", "")
+        if isinstance(error, ObservationShapeError):
+            message = str(error)
+        else:
+            kind = getattr(error, "kind", "") or type(error).__name__
+            first = (str(error).strip().splitlines() or ["?"])[0]
+            message = (f"env {env_id!r} raised {kind} in {call}(): {first}; fix the env (its traceback is above), "
+                       "then continue the run with --resume")
+        super().__init__(message)
+
+
+@functools.lru_cache(maxsize=1)
+def _env_guard():
+    import gymnasium
+
+    class EnvGuard(gymnasium.Wrapper):
+        """Around each Python env: an exception in reset/step becomes an EnvCodeError carrying the env's traceback,
+        and a Box observation of another shape than the space's raises ObservationShapeError (not a numpy broadcast
+        error further on)."""
+
+        def __init__(self, env, env_id: str):
+            super().__init__(env)
+            self._env_id = env_id
+            space = env.observation_space
+            self._shape = tuple(space.shape) if isinstance(space, gymnasium.spaces.Box) else None
+
+        def _check(self, obs, call: str):
+            if self._shape is not None and np.shape(obs) != self._shape:
+                raise ObservationShapeError(
+                    f"env {self._env_id!r} returned an observation of shape {np.shape(obs)} from {call}(), but its "
+                    f"observation_space has shape {self._shape}: return observations of shape {self._shape} from "
+                    f"{call}() (or declare the shape it returns in observation_space)")
+
+        def reset(self, **kwargs):
+            try:
+                obs, info = self.env.reset(**kwargs)
+            except Exception as e:  # noqa: BLE001  (the user's code: whatever it raises is reported the same way)
+                raise EnvCodeError.from_exception(e) from None
+            self._check(obs, "reset")
+            return obs, info
+
+        def step(self, action):
+            try:
+                out = self.env.step(action)
+            except Exception as e:  # noqa: BLE001
+                raise EnvCodeError.from_exception(e) from None
+            self._check(out[0], "step")
+            return out
+
+    return EnvGuard
+
+
+def make_checked_env(env_id: str, make_one, kwargs: dict):
+    """``make_one(**kwargs)``, which must return a gymnasium.Env (else a one-line UserError naming what it returned),
+    inside the guard that reports the env's exceptions and wrong observation shapes."""
+    import gymnasium
+    env = make_one(**kwargs)
+    if not isinstance(env, gymnasium.Env):
+        raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
+                        "gymnasium.Env; make it return an environment instance")
+    return _env_guard()(env, env_id)
+
+
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
     tensor = torch.from_numpy(np.asarray(array))
     return tensor.float() if tensor.dtype == torch.float64 else tensor
@@ -389,10 +488,14 @@ class BatchedEnv:
             import gymnasium
             # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.
             make_one = factory if factory is not None else functools.partial(gymnasium.make, env_id)
-            fns = [functools.partial(make_one, **env_kwargs) for _ in range(n_envs)]
+            fns = [functools.partial(make_checked_env, env_id, make_one, env_kwargs) for _ in range(n_envs)]
             # A daemonic process (an IMPALA actor) may not start worker processes, and one env gains nothing from a
             # worker (probes, single-env evaluation): those step in-process.
             in_process = multiprocessing.current_process().daemon or n_envs == 1
+            # A worker's exception is re-raised here with the env's own traceback (EnvCodeError, shown once by the
+            # command line); Gymnasium would also warn it line by line, through our guard's frames.
+            warnings.filterwarnings("ignore", message=".*ERROR: (Received the following error|Traceback|Raising the last)",
+                                    module=r"gymnasium\.vector\.async_vector_env")
             vector_env = gymnasium.vector.SyncVectorEnv if in_process else gymnasium.vector.AsyncVectorEnv
             self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
@@ -436,7 +539,10 @@ class BatchedEnv:
         if self.backend == "envpool":
             obs, _ = self._env.reset()
         else:
-            obs, _ = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
+            try:
+                obs, _ = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
+            except Exception as e:  # noqa: BLE001  (the user's env code: whatever it raises stops the run)
+                raise EnvError(self.env_id, e, "reset") from e
         self._prev_done = np.zeros(self.n_envs, dtype=bool)
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
@@ -448,7 +554,12 @@ class BatchedEnv:
             act = action.numpy()
         else:
             act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
-        obs, reward, terminated, truncated, info = self._env.step(act)
+        try:
+            obs, reward, terminated, truncated, info = self._env.step(act)
+        except Exception as e:  # noqa: BLE001
+            if self.backend == "envpool":
+                raise
+            raise EnvError(self.env_id, e, "step") from e
         # The flags and statistics are computed in numpy (cheaper than torch at these sizes), then
         # handed out as zero-copy tensors.
         terminated = np.asarray(terminated, dtype=bool)

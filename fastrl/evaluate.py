@@ -190,17 +190,17 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
                 os.environ[key] = value
 
 
-def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None):
-    """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it. Returns
-    ``(returns [seeds * episodes], config)``."""
-    from fastrl.checkpoint import load_checkpoint, select_member
-    from fastrl.config import make_config
+def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
+                        env: str | None = None):
+    """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
+    given (required for a saved ``module:Name`` env). Returns ``(returns [seeds * episodes], config)``."""
+    from fastrl.checkpoint import checkpoint_config, load_checkpoint, select_member
     from fastrl.distributed import resolve_device
     from fastrl.envs import make_env
     from fastrl.models import make_agent
 
     state = select_member(load_checkpoint(target), member, f"checkpoint {target}")
-    cfg = make_config(state["config"], where=f"checkpoint {target}")
+    cfg = checkpoint_config(state, f"checkpoint {target}", env)
     dev = resolve_device(device)
     probe = make_env(cfg, n_envs=1, training=False)
     agent = make_agent(cfg, probe.observation_shape, probe.action_spec)

@@ -19,7 +19,6 @@ import threading
 import time
 from pathlib import Path
 
-from fastrl.config import UserError
 
 
 def _plain(value):
@@ -98,8 +97,26 @@ class BackgroundSink:
             self._thread.join()
 
 
+def _quiet_tensorboard_writer_thread() -> None:
+    """TensorBoard's writer thread re-raises a failed write (a full disk) out of the thread, which prints a
+    traceback; the same error reaches the sink at its next write, as one warning. Only that thread's OSErrors are
+    silenced; every other thread exception goes to the previous hook."""
+    previous = threading.excepthook
+    if getattr(previous, "fastrl_tensorboard", False):
+        return
+
+    def hook(args):
+        if type(args.thread).__name__ == "_AsyncWriterThread" and issubclass(args.exc_type, OSError):
+            return
+        previous(args)
+
+    hook.fastrl_tensorboard = True
+    threading.excepthook = hook
+
+
 def open_tensorboard(tb_dir: Path, start_step: int):
     from torch.utils.tensorboard import SummaryWriter
+    _quiet_tensorboard_writer_thread()
     # On resume, TensorBoard drops the events a crashed attempt logged past the checkpoint's step.
     _wait_for_a_later_event_file_name(tb_dir)
     return SummaryWriter(str(tb_dir), purge_step=start_step + 1 if start_step else None)
@@ -164,7 +181,8 @@ class RunLogger(NullLogger):
     def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int = 0, tensorboard: bool = True,
                  wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = ""):
         self.run_dir = Path(run_dir)
-        self._jsonl = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        # Unbuffered bytes: each row is one write, and a row a full disk cut short is cut off again (see log).
+        self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
         self.sinks: list[BackgroundSink] = []
         if tensorboard:
             self.sinks.append(BackgroundSink("TensorBoard", lambda: open_tensorboard(self.run_dir / "tb", start_step),
@@ -183,13 +201,27 @@ class RunLogger(NullLogger):
     def log(self, metrics: dict, step: int) -> None:
         record = {"global_step": int(step)}
         record.update({k: _plain(v) for k, v in metrics.items()})
-        try:
-            self._jsonl.write(json.dumps(record) + "\n")
-        except OSError as e:
-            raise UserError(f"could not write metrics to {self.run_dir / 'metrics.jsonl'}: {e.strerror}; free disk space") from None
+        self._write_row((json.dumps(record) + "\n").encode())
         series = member_series(record)
         for sink in self.sinks:
             sink.log(series, step)
+
+    def _write_row(self, data: bytes) -> None:
+        """Append one row; on a failure (a full disk) cut the file back to its last whole row and raise a one-line
+        UserError naming the file and the space the row needs."""
+        start = os.lseek(self._jsonl.fileno(), 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += self._jsonl.write(data[written:])
+        except OSError as e:
+            try:
+                os.ftruncate(self._jsonl.fileno(), start)
+            except OSError:
+                pass
+            from fastrl.storage import write_error
+            raise write_error("metrics", self.run_dir / "metrics.jsonl", e, len(data),
+                              " (the rows written so far are whole)") from None
 
     def progress(self, step: int, postfix: dict) -> None:
         if self._bar is not None:

@@ -47,6 +47,7 @@ import torch
 from fastrl import distributed
 from fastrl.callbacks import RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.envs import EnvError
 from fastrl.evaluate import evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import NullLogger, RunLogger
@@ -184,9 +185,14 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     start_step = trainer.global_step
     last_log_time, last_log_step = start_time, trainer.global_step
     run_context, stopped_by_callback = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step), False
+    env_error = None  # the user's env raised: the run stops as a stop signal stops it, then the error is raised
     try:
         while not trainer.finished() and stop["stop"] is None:
-            if not trainer.collect():
+            try:
+                if not trainer.collect():
+                    break
+            except EnvError as e:
+                env_error = e
                 break
             metrics = trainer.update()
             if trainer.iteration % cfg.log_interval == 0 or trainer.finished():
@@ -247,6 +253,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                    "episode_return_mean": final_episodes.get("episode_return_mean"),
                    "episodes": final_episodes.get("episodes", 0),
                    "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
+                   "stop_signal": signal.Signals(stop["stop"]).name if stop["stop"] else None,
+                   "stopped_by_error": str(env_error) if env_error else None,
                    "stopped_by_callback": stopped_by_callback,
                    "resumed_from_step": start_step, "rollbacks": sum(guard.rollbacks for guard in guards),
                    "reached_return": threshold is not None,
@@ -261,7 +269,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         summary["eval_return_mean"] = summary["eval_return_std"] = None
         member_eval = None
         if dist_info.is_main:
-            if cfg.eval_episodes and stop["stop"] is None:
+            if cfg.eval_episodes and stop["stop"] is None and env_error is None:
                 member_eval = evaluate_members(trainer, normalizers)
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
@@ -270,7 +278,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 if n_members > 1:
                     for m, (mean, std) in enumerate(member_eval):
                         logger.log({"member": m, "eval/return_mean": mean, "eval/return_std": std}, trainer.global_step)
-            if cfg.capture_video and stop["stop"] is None:
+            if cfg.capture_video and stop["stop"] is None and env_error is None:
                 v = cfg.video_member
                 record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",
                               trainer.device)
@@ -283,6 +291,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if cfg.plot:
                 write_run_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
+        if env_error is not None:
+            raise env_error
         return summary
     finally:
         for sig, handler in previous_handlers.items():

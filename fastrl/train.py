@@ -8,17 +8,38 @@ Called, this module is the Python API: ``fastrl.train(env=..., **overrides)`` is
 """
 from __future__ import annotations
 
-import json
+import os
+import signal
 import sys
-import types
-from typing import TYPE_CHECKING
 
-from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides
+
+def _interrupted_while_importing(_signum, _frame):
+    """``python -m fastrl.train``: a Ctrl-C among the imports, before ``main`` takes over, has nothing to save."""
+    sys.stderr.write("fastrl: interrupted (Ctrl-C)\n")
+    sys.stderr.flush()
+    os._exit(130)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+import json  # noqa: E402
+import threading  # noqa: E402
+import types  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
 
 if TYPE_CHECKING:
     from fastrl import distributed
 
 ACTOR_LEARNER_ALGOS = ("impala", "appo")
+
+# What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
+# optimizer's state) and the batch shape that the budget's iteration count is measured in.
+RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", "shared_trunk", "encoder",
+                "normalize_obs", "normalize_reward", "frame_skip", "frame_stack", "optimizer", "n_envs", "n_steps",
+                "per_rank")
 
 
 def __getattr__(name: str):
@@ -42,17 +63,66 @@ def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -
 def resolve_config(overrides: dict, yaml_path: str | None = None,
                    where: str = "command-line flags") -> tuple[Config, dict | None]:
     """Defaults < YAML < ``overrides``; with ``resume`` the checkpoint's config is the base instead of the defaults.
-    Returns ``(config, checkpoint state or None)``."""
+    Returns ``(config, checkpoint state or None)``.
+
+    A resume is a continuation or a refusal: overrides that change what ``RESUME_FIXED`` lists, or a budget the
+    checkpoint has already passed, are one-line UserErrors; the checkpoint's env is used only if it imports no code
+    (else the user must name it: see ``checkpoint.checkpoint_config``)."""
     if not overrides.get("resume"):
         return make_config(overrides, yaml_path, where=where), None
-    from fastrl.checkpoint import load_checkpoint
-    state = load_checkpoint(overrides["resume"])
-    base = make_config(state["config"], where=f"checkpoint {overrides['resume']}").to_dict()
-    base["run_dir"] = ""  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
+    from fastrl.checkpoint import checkpoint_config, load_checkpoint
+    from fastrl.config import _coerce as coerce_value
+    target = overrides["resume"]
+    state = load_checkpoint(target)
+    # The checkpoint's env is used only if it imports no code; an env passed by the user is an override, judged below.
+    saved = checkpoint_config(state, f"checkpoint {target}", env=overrides.get("env")).to_dict()
+    saved["env"] = state["config"].get("env", saved["env"])
+    given = dict(overrides)
     if yaml_path:
-        base.update({key.replace("-", "_"): value for key, value in load_yaml(yaml_path).items()
-                     if key.replace("-", "_") not in YAML_IGNORED})
-    return make_config({**base, **overrides}, where=where), state
+        given = {**{key: value for key, value in load_yaml(yaml_path).items()
+                    if key.replace("-", "_") not in YAML_IGNORED}, **overrides}
+    given = {key.replace("-", "_"): value for key, value in given.items()}
+    changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
+    if changed:
+        diffs = ", ".join(f"{k} {saved[k]!r} -> {coerce_value(k, given[k])!r}" for k in changed)
+        raise UserError(f"--resume {target} would change {diffs}; a resume continues the same model, env and batch "
+                        f"shape: drop those flags, or start a new run with them (--config <run>/config.yaml)")
+    base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
+    cfg = make_config({**base, **given}, where=where)
+    done = int(state.get("global_step", 0))
+    if cfg.total_steps < done:
+        raise UserError(f"--resume {target}: its checkpoint is at step {done}, past total_steps={cfg.total_steps}; "
+                        f"pass --total-steps above {done} to train on")
+    return cfg, state
+
+
+def _finished_summary(run_dir) -> bool:
+    """Whether ``run_dir``'s summary.json describes a segment that ran its whole budget."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    stops = ("running", "stopped_by_signal", "stopped_by_error", "stopped_by_callback", "reached_return")
+    return isinstance(summary, dict) and not any(summary.get(key) for key in stops)
+
+
+def _load_resume_state(trainer, state: dict, run_dir) -> None:
+    """Load a checkpoint into a freshly built trainer, or raise a one-line UserError when it cannot continue."""
+    try:
+        trainer.load_state_dict(state)
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        detail = next((line for line in lines if "mismatch" in line or "key" in line.lower()), lines[0])
+        raise UserError(f"the checkpoint of {run_dir} does not fit this run's model ({detail.rstrip('.')}): the "
+                        "architecture or the env's spaces differ; start a new run instead of resuming") from None
+    if trainer.finished():
+        if trainer.global_step < trainer.total_steps:
+            raise UserError(f"the checkpoint of {run_dir} (step {trainer.global_step}) was taken with another batch "
+                            "shape, so this resume would train nothing; start a new run instead")
+        if _finished_summary(run_dir):
+            at_least = trainer.global_step + getattr(trainer, "steps_per_iteration", 1)  # budgets round to iterations
+            raise UserError(f"{run_dir} already trained its budget of {trainer.global_step} steps; pass --total-steps "
+                            f"{at_least} or more to train on")
 
 
 def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
@@ -69,33 +139,79 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
     from fastrl.checkpoint import list_checkpoints, load_checkpoint
     from fastrl.loop import run_loop
     from fastrl.preflight import check_run
-    from fastrl.rundir import agree_run_dir, restart_count, rewind_logs
+    from fastrl.rundir import agree_run_dir, mark_running, release_run_dir, remove_leftovers, restart_count, rewind_logs
     check_run(cfg)  # every combination of flags, env and device, before any work starts
     dist_info, device = distributed.setup(cfg.device)
-    finished = False
+    finished, run_dir = False, None
     try:
-        run_dir = agree_run_dir(cfg, dist_info)
+        run_dir = agree_run_dir(cfg, dist_info)  # rank 0 holds the run directory's lock from here to the end
+        if dist_info.is_main:
+            remove_leftovers(run_dir)
         if resume_state is None and restart_count() > 0 and list_checkpoints(run_dir / "checkpoints"):
             resume_state = load_checkpoint(run_dir)  # a torchrun restart reloads the run's newest checkpoint
         trainer = make_trainer(cfg, dist_info, device)
         if resume_state is not None:
-            trainer.load_state_dict(resume_state)
+            _load_resume_state(trainer, resume_state, run_dir)
             if dist_info.is_main:
-                rewind_logs(run_dir, trainer.global_step)
+                rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
+                mark_running(run_dir, trainer.global_step)
+        raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
         summary = run_loop(trainer, run_dir, dist_info, callbacks)
         finished = True
         return summary
     finally:
+        if run_dir is not None:
+            release_run_dir(run_dir)
         distributed.cleanup(finished)
 
 
+# --------------------------------------------------------------------------- Ctrl-C on the command line
+_STARTUP_INTERRUPT = {"signal": None}
+
+
+def _startup_interrupt(signum, _frame):
+    _STARTUP_INTERRUPT["signal"] = signum
+    raise KeyboardInterrupt
+
+
+def install_startup_interrupt():
+    """Until the run loop installs its own stop handlers (and again after it restores these), SIGINT raises
+    KeyboardInterrupt as Python's default handler does, and also leaves a mark: an interrupt that some library
+    swallows (e.g. raised inside a gc callback, where Python only prints it) still ends the run before training.
+    Returns the previous handler (None outside the main thread, where handlers cannot be set)."""
+    _STARTUP_INTERRUPT["signal"] = None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGINT, _startup_interrupt)
+
+
+def raise_if_interrupted() -> None:
+    if _STARTUP_INTERRUPT["signal"] is not None:
+        raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
+    """The command line: 0 when the run ends (its budget, stop_at_return, SIGTERM), 2 with one line for a user
+    error, 130 with one line for Ctrl-C at any moment (mid-run after the clean stop that saves the run)."""
+    previous = None
     try:
-        cfg, resume_state = config_from_cli(argv, prog=prog)
-        summary = run(cfg, resume_state)
-    except UserError as e:
-        print(f"fastrl: error: {e}", file=sys.stderr)
-        return 2
+        previous = install_startup_interrupt()
+        try:
+            cfg, resume_state = config_from_cli(argv, prog=prog)
+            summary = run(cfg, resume_state)
+        except UserError as e:  # an env's failure (fastrl.envs.EnvError) carries the env's own traceback first
+            print(getattr(e, "trace", "") + f"fastrl: error: {e}", file=sys.stderr)
+            return 2
+        if summary.get("stop_signal") == "SIGINT" or _STARTUP_INTERRUPT["signal"] is not None:
+            where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
+            print(f"fastrl: interrupted (Ctrl-C) at step {summary.get('total_steps', 0)}{where}", file=sys.stderr)
+            return 130
+    except KeyboardInterrupt:
+        print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
         print(json.dumps(shown))

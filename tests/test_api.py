@@ -143,7 +143,7 @@ def test_learns_a_custom_env_given_as_a_class_or_a_factory(kind, tmp_path):
         assert summary["env"] == "fastrl_match_env:MatchTarget"
     else:
         assert summary["env"].startswith("test_api:") and "<lambda>" in summary["env"]
-    agent = fastrl.load(tmp_path / "seed1")  # rebuilt from the name: by import, or from this process's registry
+    agent = fastrl.load(tmp_path / "seed1", env=env)  # a saved module:Name env is rebuilt only when passed
     assert agent.evaluate(episodes=4).mean() >= 0.0 and agent.predict(np.eye(N_TARGETS)).shape == (N_TARGETS,)
 
 
@@ -158,7 +158,7 @@ def test_cli_trains_a_module_id_env(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env"] == "fastrl_match_env:MatchTarget-v0" and summary["total_steps"] == 2048
     assert summary["eval_return_mean"] is not None  # learning is judged on the median of seeds above
-    agent = fastrl.load(run_dir)
+    agent = fastrl.load(run_dir, env="fastrl_match_env:MatchTarget-v0")
     assert agent.observation_shape == (N_TARGETS,) and agent.action_spec.n == N_TARGETS
     assert agent.evaluate(episodes=2).shape == (2,)
 

@@ -69,7 +69,7 @@ def test_stop_signal_saves_flushes_and_exits_cleanly(tmp_path, signum):
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     elapsed = time.time() - sent
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == (130 if signum == signal.SIGINT else 0), err[-2000:]
     assert elapsed < 20, f"took {elapsed:.1f}s to stop"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by_signal"] is True
@@ -127,7 +127,7 @@ def test_disk_full_during_checkpoint_write(tmp_path, monkeypatch, capsys):
                  "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
-    assert len(err) == 1 and "No space left on device" in err[0] and "free disk space" in err[0], err
+    assert len(err) == 1 and "no space left on device" in err[0] and "free disk space" in err[0], err
     kept = list_checkpoints(run_dir / "checkpoints")
     assert len(kept) == 2 and all(load_checkpoint(p)["global_step"] > 0 for p in kept)
     assert not [p for p in (run_dir / "checkpoints").iterdir() if ".tmp" in p.name], "a partial file was left behind"
@@ -147,6 +147,9 @@ def test_disk_full_while_writing_metrics(tmp_path, monkeypatch, capsys):
                 raise OSError(errno.ENOSPC, "No space left on device")
             return self.f.write(text)
 
+        def fileno(self):
+            return self.f.fileno()
+
         def close(self):
             self.f.close()
 
@@ -164,3 +167,207 @@ def test_disk_full_while_writing_metrics(tmp_path, monkeypatch, capsys):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2  # what was written stays whole
     assert (run_dir / "config.yaml").is_file()
+
+
+# --------------------------------------------------------------------------- the user's env fails
+TESTS_DIR = Path(__file__).parent
+FAULT_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+             "PYTHONPATH": os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])}
+SMALL = ["--n-steps", "32", "--n-epochs", "2", "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "2"]
+
+
+def _fastrl_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("fastrl:")]
+
+
+@pytest.mark.parametrize("n_envs", [1, 2])  # 1: the env steps in this process; 2: in Gymnasium's worker processes
+def test_env_exception_keeps_the_run(tmp_path, n_envs):
+    """An env whose step() raises stops the run as SIGTERM would: checkpoint of the last weights, summary.json with
+    stopped_by_error; the console shows the env's own traceback, then one fastrl: error line naming the env."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fastrl.train", "--env", "fastrl_fault_envs:FailingEnv", "--n-envs",
+                           str(n_envs), "--total-steps", "100000", "--run-dir", str(run_dir), *SMALL, *QUIET],
+                          cwd=tmp_path, env={**FAULT_ENV, "FASTRL_FAIL_AT_STEP": "150"}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = _fastrl_lines(done.stderr)
+    assert len(lines) == 1 and lines[0].startswith("fastrl: error: env 'fastrl_fault_envs:FailingEnv' raised "
+                                                   "RuntimeError in step(): the simulator lost its connection"), lines
+    assert 'fastrl_fault_envs.py", line' in done.stderr and "fastrl/loop.py" not in done.stderr, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "the simulator lost its connection" in summary["stopped_by_error"]
+    assert summary["total_steps"] > 0 and summary["eval_return_mean"] is None
+    assert load_checkpoint(run_dir)["global_step"] == summary["total_steps"]
+
+
+def test_wrong_observation_shape_names_env_and_shapes(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fastrl.train", "--env", "fastrl_fault_envs:WrongShapeEnv",
+                           "--n-envs", "2", "--total-steps", "100000", "--run-dir", str(run_dir), *SMALL, *QUIET],
+                          cwd=tmp_path, env=FAULT_ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = _fastrl_lines(done.stderr)
+    assert len(lines) == 1 and "'fastrl_fault_envs:WrongShapeEnv'" in lines[0], lines
+    assert "shape (3,)" in lines[0] and "shape (4,)" in lines[0] and "broadcast" not in done.stderr, lines
+    assert "Traceback" not in done.stderr
+    assert "shape (3,)" in json.loads((run_dir / "summary.json").read_text())["stopped_by_error"]
+
+
+@pytest.mark.parametrize("factory, kind", [("make_none", "NoneType"), ("make_int", "int")])
+def test_factory_returning_no_env_is_one_line(tmp_path, monkeypatch, capsys, factory, kind):
+    monkeypatch.syspath_prepend(str(TESTS_DIR))
+    code = main(["--env", f"fastrl_fault_envs:{factory}", "--total-steps", "128", "--run-dir", str(tmp_path / "r"),
+                 *SMALL, *QUIET])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"its factory returned {kind}" in err[0], err
+
+
+# --------------------------------------------------------------------------- a real full disk
+@pytest.fixture
+def small_disk(tmp_path):
+    """A mounted tmpfs (needs root, as in CI's container); a helper fills it to the last ``keep`` bytes."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({made.stderr.strip() or 'mount failed'}); needs root")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(mount: Path, keep: int) -> None:
+    """Fill ``mount`` until ``keep`` bytes or fewer are free."""
+    with open(mount / "filler", "ab") as f:
+        while True:
+            free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+            if free <= keep:
+                return
+            try:
+                f.write(b"\0" * min(free - keep, 1 << 16))
+                f.flush()
+            except OSError:
+                return
+
+
+def test_real_disk_full_during_checkpoint(small_disk, capsys):
+    """torch.save on a full tmpfs raises RuntimeError: still one line naming the file and the space it needs, no
+    partial file, every earlier checkpoint loads."""
+    run_dir = small_disk / "run"
+    code = main(["--total-steps", "100000", "--n-envs", "4", "--checkpoint-interval", "1", "--keep-checkpoints", "100",
+                 "--run-dir", str(run_dir), *SMALL, *QUIET])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("fastrl: error: no space left on device for checkpoint ") and "needs about" in err[0], err
+    kept = list_checkpoints(run_dir / "checkpoints")
+    assert len(kept) >= 2 and all(load_checkpoint(p)["global_step"] > 0 for p in kept)
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if ".tmp" in p.name]
+
+
+def test_real_disk_full_while_writing_metrics(small_disk, capsys):
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    _fill(small_disk, 16 * 1024)  # tmpfs pages of 4 KB: the lock file, config.yaml, a few rows
+    code = main(["--total-steps", "100000", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "metrics.jsonl" in err[0] and "needs about" in err[0], err
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # all whole
+    assert rows and (run_dir / "metrics.jsonl").read_bytes().endswith(b"}\n")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a writer thread's traceback
+def test_full_disk_switches_each_sink_off_with_one_warning(small_disk, tmp_path, capfd):
+    """TensorBoard and wandb on a disk that fills up after they started: one warning per sink at most, no flood of
+    logging errors, and metrics.jsonl (here on another file system) keeps every row."""
+    from fastrl.logger import RunLogger
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    (tmp_path / "metrics.jsonl").touch()
+    (run_dir / "metrics.jsonl").symlink_to(tmp_path / "metrics.jsonl")
+    logger = RunLogger(run_dir, {"env": "x"}, 10_000, tensorboard=True, wandb_mode="offline", progress=False)
+    for sink in logger.sinks:
+        assert sink.ready.wait(120) and not sink.failed, sink.name
+    _fill(small_disk, 0)
+    for step in range(1, 2001):
+        logger.log({"charts/episodic_return": float(step), "losses/value_loss": 1.0 / step}, step)
+    logger.close()
+    err = capfd.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("fastrl: warning:")]
+    assert len(warnings) == len({w.split()[2] for w in warnings}) <= 2, warnings
+    assert "Logging error" not in err and "Traceback" not in err, err[-3000:]
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2000
+
+
+def test_real_disk_full_during_resume_rewind(small_disk, capsys):
+    run_dir = small_disk / "run"
+    assert main(["--total-steps", "256", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET]) == 0
+    (run_dir / "summary.json").unlink()  # as if killed before the end, with rows past the checkpoint
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.writelines(json.dumps({"global_step": 256 + 128 * i, "x": 1.0}) + "\n" for i in range(1, 40))
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    _fill(small_disk, 0)
+    capsys.readouterr()
+    assert main(["--resume", str(run_dir), "--total-steps", "512", *QUIET]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metrics" in err[0] and "needs about" in err[0], err
+    assert (run_dir / "metrics.jsonl").read_bytes() == before
+    assert not [p for p in run_dir.iterdir() if ".tmp" in p.name]
+
+
+# --------------------------------------------------------------------------- leftovers and resumed segments
+def test_leftover_temp_files_are_removed_on_start_and_by_pruning(tmp_path):
+    from fastrl.checkpoint import save_checkpoint
+    run_dir = tmp_path / "run"
+    assert main(["--total-steps", "256", "--n-envs", "4", "--checkpoint-interval", "1", "--run-dir", str(run_dir),
+                 *SMALL, *QUIET]) == 0
+    ckpts = run_dir / "checkpoints"
+    stale = [ckpts / ".ckpt_000000000384.pt.tmp.999999", run_dir / "metrics.jsonl.tmp"]
+    for path in stale:
+        path.write_bytes(b"partial")
+    assert main(["--resume", str(run_dir), "--total-steps", "384", *QUIET]) == 0
+    assert not any(p.exists() for p in stale)
+    stale[0].write_bytes(b"partial")
+    save_checkpoint({"x": torch.zeros(1)}, ckpts / "ckpt_000000000512.pt", keep=2)
+    assert not stale[0].exists() and len(list_checkpoints(ckpts)) == 2
+
+
+def test_final_eval_is_logged_once_when_a_resume_finishes_the_run(tmp_path):
+    """Killed between the final evaluation's row and summary.json: the resume finishes the run (no training left)
+    and metrics.jsonl holds that evaluation once."""
+    run_dir = tmp_path / "run"
+    assert main(["--total-steps", "256", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET]) == 0
+    (run_dir / "summary.json").unlink()
+    assert main(["--resume", str(run_dir), *QUIET]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [256]
+    assert json.loads((run_dir / "summary.json").read_text())["eval_return_mean"] is not None
+
+
+def test_a_resumed_segment_marks_the_summary_running_until_it_ends(tmp_path):
+    run_dir = tmp_path / "run"
+    assert main(["--total-steps", "256", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET]) == 0
+    proc = _start(["--resume", str(run_dir), "--total-steps", "100000000", *QUIET], tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    assert _wait_for(lambda: json.loads(metrics.read_text().splitlines()[-1])["global_step"] > 512), proc.stderr.read()
+    proc.kill()
+    proc.wait(timeout=30)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["running"] is True and summary["resumed_from_step"] == 256
+    assert summary["previous"]["total_steps"] == 256
+
+
+# --------------------------------------------------------------------------- Ctrl-C at any moment
+@pytest.mark.parametrize("delay", [0.3, 0.9, 1.6, 2.5, 4.0, 6.0])
+def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path, delay):
+    """SIGINT at several moments of `python -m fastrl.train` (imports, config, env probe, trainer build, training):
+    exit 130, one line, never a traceback, never swallowed (the budget would take far longer than the timeout)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "fastrl.train", "--total-steps", "100000000", "--run-dir",
+                             str(tmp_path / "run"), *QUIET], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("fastrl: interrupted (Ctrl-C)"), err[-3000:]

@@ -22,7 +22,9 @@ def _steps(run_dir):
 
 
 def _snapshot(run_dir):
-    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    """Every file of the run but its lock file (which names the last process that held the lock)."""
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*"))
+            if p.is_file() and p.name != ".fastrl-lock"}
 
 
 def test_saved_config_starts_a_new_run_dir(tmp_path, monkeypatch):

@@ -1,0 +1,67 @@
+"""Writing run files when the disk may be full: one-line errors naming the path and the space needed, and atomic
+whole-file writes that never leave a partial file behind."""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from fastrl.config import UserError
+
+# What a full (or quota-limited) file system raises, as errno values; torch.save raises RuntimeError instead.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on the file system of ``path`` (its nearest existing parent)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize
+
+
+def is_disk_full(error: BaseException, path: Path, needed: int) -> bool:
+    """Whether ``error`` (an OSError, or torch.save's RuntimeError) came from a full file system."""
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return True
+    free = free_bytes(path)
+    return free is not None and free < needed
+
+
+def write_error(what: str, path: Path, error: BaseException, needed: int, hint: str = "") -> UserError:
+    """The one line for a failed write of ``what`` at ``path`` (``needed``: the bytes it takes)."""
+    if is_disk_full(error, path, needed):
+        free = free_bytes(path)
+        left = f", {_size(free)} free" if free is not None else ""
+        return UserError(f"no space left on device for {what} {path} (it needs about {_size(needed)}{left}): free disk "
+                         f"space{hint}")
+    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    return UserError(f"could not write {what} {path}: {reason}{hint}")
+
+
+def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
+    """Write ``data`` to ``path`` via a temporary file and a rename: ``path`` is either its old self or whole. On
+    a failure the temporary file is removed and a one-line UserError raised."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise write_error(what, path, e, len(data), hint) from None

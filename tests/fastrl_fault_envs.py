@@ -1,0 +1,54 @@
+"""Envs that fail the way user code fails, for the fault tests (tests/ on PYTHONPATH; the subprocess tests add it).
+
+``FailingEnv`` raises in ``step()`` once the step count given by ``FASTRL_FAIL_AT_STEP`` (default 200) is reached,
+counting that env's steps; ``WrongShapeEnv`` declares observations of shape (4,) but returns (3,) after the first
+episode starts; ``make_none`` and ``make_int`` are factories that return no env. ``touch_marker`` records that it
+was called (in the file ``FASTRL_MARKER``): a checkpoint naming it must never make fastrl call it.
+"""
+import os
+
+import gymnasium
+import numpy as np
+
+
+class _Base(gymnasium.Env):
+    observation_space = gymnasium.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    action_space = gymnasium.spaces.Discrete(2)
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.zeros(4, np.float32), 1.0, self.t % 10 == 0, False, {}
+
+
+class FailingEnv(_Base):
+    def step(self, action):
+        if self.t + 1 >= int(os.environ.get("FASTRL_FAIL_AT_STEP", "200")):
+            raise RuntimeError("the simulator lost its connection")
+        return super().step(action)
+
+
+class WrongShapeEnv(_Base):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return obs[:3], *rest
+
+
+def make_none():
+    return None
+
+
+def make_int():
+    return 3
+
+
+def touch_marker():
+    with open(os.environ["FASTRL_MARKER"], "a") as f:
+        f.write("called\n")
+    return _Base()
