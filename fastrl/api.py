@@ -189,10 +189,14 @@ class Agent:
             action = action[0]
         return action.to(out_device) if returns_tensor else action.cpu().numpy()
 
-    def evaluate(self, env=None, episodes: int = 10, seeds: int = 1) -> np.ndarray:
-        """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs with the policy's mode (the
-        saved normalizer frozen, rewards unscaled). ``env``: another env than the run's (an id, ``module:Id``, class
-        or factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
+    def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
+                 max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:
+        """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs (the saved normalizer frozen,
+        rewards unscaled). ``deterministic``: the policy's mode, False samples (None: the run's
+        ``eval_deterministic``). An episode is cut after ``max_episode_steps`` steps and the evaluation after
+        ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``); a cut
+        episode counts its return so far. ``env``: another env than the run's (an id, ``module:Id``, class or
+        factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
         from fastrl.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
@@ -204,5 +208,6 @@ class Agent:
                 raise UserError(f"env {cfg.env!r} has observations {tuple(shape)} and {spec.kind} actions, but this agent "
                                 f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "
                                 f"({self.config.env}); pass an env with the same spaces")
-        returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device)
+        returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device, max_episode_steps,
+                           deterministic, max_steps)
         return returns.numpy()

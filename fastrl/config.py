@@ -158,7 +158,13 @@ class Config:
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
     eval_episodes: int = _f(10, "episodes per seed for the end-of-run evaluation (0 disables)")
     eval_seeds: int = _f(5, "seeds for each evaluation (each seed runs eval_episodes episodes)")
-    eval_interval: int = _f(0, "iterations between periodic deterministic evaluations (0 = only at the end)")
+    eval_interval: int = _f(0, "iterations between periodic evaluations (0 = only at the end)")
+    eval_deterministic: bool = _f(True, "evaluate the policy's mode (argmax / mean); false samples actions, as Atari "
+                                        "results are usually reported (an argmax policy can stall a game)")
+    eval_max_episode_steps: int = _f(27_000, "an evaluation episode still running after this many steps ends there and "
+                                             "counts its return so far (27,000: Atari's 108k frames)")
+    eval_max_steps: int = _f(1_000_000, "an evaluation stops after this many env steps, all its envs together "
+                                        "(unfinished episodes count their return so far)")
     stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
     capture_video: bool = _f(False, "record the final evaluation's first episodes to run_dir/videos/*.mp4 (a "
                                     "Gymnasium env of the same id renders them; needs pip install -e \".[video]\")")
@@ -219,7 +225,7 @@ class Config:
                             f"(got {self.n_epochs} and {self.n_minibatches})")
         if self.frame_skip <= 0 or self.frame_stack <= 0 or self.noop_max < 0:
             raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
-        for name in ("rollback_patience", "max_nonfinite_iterations"):
+        for name in ("rollback_patience", "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 < self.rollback_lr_factor <= 1.0:

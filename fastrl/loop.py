@@ -45,7 +45,7 @@ import torch
 from fastrl import distributed
 from fastrl.callbacks import RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
-from fastrl.evaluate import evaluate, record_videos
+from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import NullLogger, RunLogger
 from fastrl.plot import write_run_plot
@@ -84,17 +84,31 @@ def save_if_finite(trainer, run_dir: Path) -> bool:
     return True
 
 
-def evaluate_trainer(trainer, normalizer_state=None) -> dict:
-    """Deterministic evaluation on separate envs: ``eval_seeds`` x ``eval_episodes`` episodes."""
+def evaluate_trainer(trainer, normalizer_state=None, **evaluate_kwargs) -> dict:
+    """Evaluation on separate envs: ``eval_seeds`` x ``eval_episodes`` episodes (``evaluate_kwargs``: a stop check
+    and a progress label, see ``fastrl.evaluate.evaluate``)."""
     cfg = trainer.cfg
     state = trainer.normalizer_state() if normalizer_state is None else normalizer_state
     if hasattr(trainer, "evaluate_members"):  # a population: each member on its own seeds; the figures are means
-        per_member = trainer.evaluate_members(state)
+        per_member = trainer.evaluate_members(state, **evaluate_kwargs)
         return {"eval/return_mean": sum(m for m, _ in per_member) / len(per_member),
                 "eval/return_std": sum(s for _, s in per_member) / len(per_member),
                 "eval/return_min": min(m for m, _ in per_member)}
-    returns = evaluate(trainer.agent, cfg, state, cfg.eval_episodes, cfg.eval_seeds, trainer.device)
+    returns = evaluate(trainer.agent, cfg, state, cfg.eval_episodes, cfg.eval_seeds, trainer.device, **evaluate_kwargs)
     return {"eval/return_mean": returns.mean().item(), "eval/return_std": returns.std(unbiased=False).item()}
+
+
+def final_evaluation(trainer, normalizer_state, should_stop) -> dict | None:
+    """The end-of-run evaluation, announced in one line and reporting progress while it runs; None when a stop
+    signal ended it (within one env step)."""
+    cfg = trainer.cfg
+    label = "final evaluation"
+    print(f"fastrl: {label}: {describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr, flush=True)
+    try:
+        return evaluate_trainer(trainer, normalizer_state, should_stop=should_stop, label=label)
+    except EvaluationStopped:
+        print(f"fastrl: {label} stopped by a signal; summary.json records no evaluation", file=sys.stderr, flush=True)
+        return None
 
 
 def _plain(metrics: dict) -> dict:
@@ -194,9 +208,12 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         summary.update(trainer.summary_extras())
         trainer.close()  # IMPALA's actors stop here, so the evaluation has the cores to itself
         summary["eval_return_mean"] = summary["eval_return_std"] = None
+        final_eval = None
         if dist_info.is_main:
             if cfg.eval_episodes and stop["stop"] is None:
-                final_eval = evaluate_trainer(trainer, normalizer)
+                final_eval = final_evaluation(trainer, normalizer, lambda: stop["stop"] is not None)
+                summary["stopped_by_signal"] = stop["stop"] is not None
+            if final_eval:
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
                 logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too

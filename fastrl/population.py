@@ -432,13 +432,13 @@ class PopulationTrainer:
 
     _eval_fresh = False
 
-    def evaluate_members(self, normalizer_state=None) -> list[tuple[float, float]]:
+    def evaluate_members(self, normalizer_state=None, **evaluate_kwargs) -> list[tuple[float, float]]:
         """Each member's deterministic evaluation (``eval_seeds`` x ``eval_episodes`` episodes, the seeds of its
         single run): ``[(mean, std)]``. Also kept for the next ``member_rows``."""
         results = []
         for m, member in enumerate(self.members):
             returns = evaluate(self.member_agent(m), member, normalizer_state, member.eval_episodes, member.eval_seeds,
-                               self.device)
+                               self.device, **evaluate_kwargs)
             results.append((returns.mean().item(), returns.std(unbiased=False).item()))
         self.member_eval, self._eval_fresh = results, True
         return results
