@@ -5,7 +5,10 @@
     import fastrl
     run = fastrl.train(env="CartPole-v1", total_steps=50_000)   # any config key is a keyword
     agent = fastrl.load(run.run_dir)                             # or run.agent
-    action = agent.predict(obs)                                  # one observation or a batch, numpy or torch
+    action = agent.act(obs)                                      # one observation or a batch, numpy or torch
+    action, _ = agent.predict(obs)                               # the same, as Stable-Baselines3 returns it
+    agent.save("agent.pt"); agent = fastrl.load("agent.pt")      # one self-contained file
+    run = agent.learn(50_000)                                    # 50k more steps, in a new run directory
     returns = agent.evaluate(episodes=10)                        # numpy [seeds * episodes]
 
 ``train`` runs what ``python -m fastrl.train`` runs (preflight checks, the run directory, the algorithm's trainer,
@@ -114,7 +117,8 @@ def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:
 
 
 class Agent:
-    """A trained policy. ``predict(obs)`` acts; ``evaluate()`` plays whole episodes on fresh envs.
+    """A trained policy. ``act(obs)`` / ``predict(obs)`` act; ``evaluate()`` plays whole episodes on fresh envs;
+    ``save(path)`` writes it to one file; ``learn(steps)`` trains it further.
 
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
     ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
@@ -123,7 +127,7 @@ class Agent:
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
         from fastrl.models import make_agent
-        self.config, self.device, self.path = cfg, device, path
+        self.config, self.device, self.path, self._state = cfg, device, path, state
         shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
         self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
         self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
@@ -155,12 +159,13 @@ class Agent:
         return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
 
     @torch.no_grad()
-    def predict(self, obs, deterministic: bool = True):
+    def act(self, obs, deterministic: bool = True, check_finite: bool = True):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
         dtype. numpy (or a list) in, numpy out; a torch tensor in, a tensor out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
-        applied as in training."""
+        applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
+        to the policy as it is)."""
         returns_tensor = torch.is_tensor(obs) or isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
         if x.is_complex():
@@ -173,6 +178,9 @@ class Agent:
         else:
             raise UserError(f"observation shape {got} does not fit {self.config.env}'s observations: expected "
                             f"{expected} for one or (batch, {', '.join(map(str, expected))}) for a batch")
+        if check_finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise UserError("the observation holds NaN or Inf values; fix the env (or pass check_finite=False to act "
+                            "on them anyway)")
         out_device = x.device
         x = x.to(self.device).to(self.observation_dtype)
         if single:
@@ -188,6 +196,50 @@ class Agent:
         if single:
             action = action[0]
         return action.to(out_device) if returns_tensor else action.cpu().numpy()
+
+    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True):
+        """Stable-Baselines3's ``predict``: ``(action, None)``, the action as ``act`` gives it, and no recurrent state
+        (fastrl policies keep none; ``state`` and ``episode_start`` are accepted and ignored). So
+        ``action, _ = agent.predict(obs)`` reads the same for one observation and for a batch."""
+        return self.act(obs, deterministic, check_finite), None
+
+    def _checkpoint_state(self) -> dict:
+        """The checkpoint this agent came from, with the policy's current weights."""
+        return {**self._state, "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this agent to one self-contained file (weights, config, observation normalizer, optimizer state and
+        counters: a fastrl checkpoint), atomically; ``fastrl.load(path)`` reads it, ``fastrl.train(resume=path)``
+        continues its training. Returns the path."""
+        from fastrl.checkpoint import save_checkpoint
+        return save_checkpoint(self._checkpoint_state(), Path(path))
+
+    @property
+    def global_step(self) -> int:
+        """Env steps this agent has trained for."""
+        return int(self._state.get("global_step", 0))
+
+    def learn(self, steps: int, run_dir: str | os.PathLike | None = None, callbacks=(), **overrides) -> Run:
+        """Train this agent ``steps`` more env steps, as SB3's ``learn(steps, reset_num_timesteps=False)``: a new run
+        directory (``run_dir``, default ``runs/<env>__<algo>__<seed>__<time>``) continues the checkpoint, optimizer
+        state and step count included, to the budget ``global_step + steps`` (the learning-rate schedule is
+        stretched over that new total; ``overrides``: config keys, e.g. ``lr``). The agent then holds the new
+        weights; returns the ``Run``."""
+        from fastrl.checkpoint import checkpoint_path, save_checkpoint
+        from fastrl.rundir import default_run_dir, holds_run
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+            raise UserError(f"learn: steps must be a positive int, got {steps!r}")
+        if "total_steps" in overrides or "resume" in overrides:
+            raise UserError("learn: pass the steps to add as learn(steps); total_steps and resume are set from them")
+        target = Path(run_dir) if run_dir is not None else default_run_dir(self.config)
+        if holds_run(target):
+            raise UserError(f"learn: run_dir {str(target)!r} already holds a run; pick another")
+        start = save_checkpoint(self._checkpoint_state(), checkpoint_path(target, self.global_step))
+        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **overrides)
+        trained = load(run.run_dir, device=str(self.device)) if run.run_dir is not None else self
+        self._state, self.path, self.config = trained._state, trained.path, trained.config
+        self.policy.load_state_dict(trained.policy.state_dict())
+        return run
 
     def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
                  max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:

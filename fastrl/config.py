@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -332,6 +333,8 @@ def _coerce(name: str, value):
     elif kind is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, os.PathLike):  # run_dir, resume: a pathlib.Path is as good as its string
+            return os.fspath(value)
     elif kind is dict:
         return _coerce_vary(value)
     elif kind is list:
@@ -383,8 +386,21 @@ def _coerce_vary(value) -> dict:
     return out
 
 
+def _as_key(flag_hint: str) -> str:
+    """A ``FLAG_ALIASES`` hint as config keys read: ``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` ->
+    ``n_minibatches (...)``."""
+    flag, _, rest = flag_hint.partition(" ")
+    key = flag.removeprefix("--").replace("-", "_")
+    if not rest:
+        return key
+    return f"{key} {rest}" if rest.startswith("(") else f"{key}={rest}"
+
+
 def _unknown_key(name: str, where: str) -> UserError:
-    close = difflib.get_close_matches(name, FIELDS, n=3)
+    """A config key (YAML, Python keyword) that does not exist: the one meant, as for flags (CleanRL's and SB3's
+    spellings first, then close matches)."""
+    alias = FLAG_ALIASES.get(name.lower().replace("_", "-"))
+    close = [_as_key(alias)] if alias else difflib.get_close_matches(name, FIELDS, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see --help for the valid keys"
     return UserError(f"unknown config key {name!r} in {where}{hint}")
 
