@@ -151,7 +151,10 @@ class Config:
     actor_timeout_s: float = _f(60.0, "impala/appo: an actor silent (no heartbeat) this long is killed and restarted")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
-    progress: bool = _f(True, "show a progress bar")
+    progress: bool = _f(True, "show a progress bar (when stderr is not a terminal, or with progress false: one plain "
+                              "line per log interval, at most every 2 s)")
+    quiet: bool = _f(False, "print nothing on stderr but warnings and errors: no progress, no notes (the final JSON "
+                            "line stays on stdout)")
     tensorboard: bool = _f(True, "write TensorBoard events")
     wandb: str = _f("offline", "wandb mode: offline (no network), online, disabled", ("offline", "online", "disabled"))
     wandb_project: str = _f("fastrl", "wandb project name")

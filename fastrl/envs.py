@@ -346,12 +346,14 @@ class BatchedEnv:
             if is_procgen(lookup_id):
                 require_procgen_runtime(env_id)
             try:
-                with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every build
+                # EnvPool's float64 Box bounds make Gymnasium warn each time a space is built, and EnvPool builds
+                # them lazily, on first access: both inside the filter.
+                with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
                     self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+                    obs_space, act_space = self._env.observation_space, self._env.action_space
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
-            obs_space, act_space = self._env.observation_space, self._env.action_space
         else:
             import gymnasium
             # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.

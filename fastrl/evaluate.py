@@ -108,7 +108,7 @@ def describe(cfg, episodes: int, seeds: int, deterministic: bool | None = None) 
     """What an evaluation plays, in words: ``10 episodes (5 seeds x 2), deterministic policy, at most ...``."""
     max_steps, deterministic, max_total_steps = _bounds(cfg, None, deterministic, None)
     rule = "deterministic policy" if deterministic else "sampled actions"
-    return (f"{seeds * episodes} episodes ({seeds} seeds x {episodes}), {rule}, at most {max_steps:,} steps each and "
+    return (f"{seeds * episodes} episodes ({seeds} seed{'s' * (seeds != 1)} x {episodes}), {rule}, at most {max_steps:,} steps each and "
             f"{max_total_steps:,} in all")
 
 

@@ -67,6 +67,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
     """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary."""
     from fastrl import distributed
     from fastrl.checkpoint import list_checkpoints, load_checkpoint
+    from fastrl.console import adjustments, say
     from fastrl.loop import run_loop
     from fastrl.preflight import check_run
     from fastrl.rundir import agree_run_dir, restart_count, rewind_logs
@@ -77,7 +78,12 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
         run_dir = agree_run_dir(cfg, dist_info)
         if resume_state is None and restart_count() > 0 and list_checkpoints(run_dir / "checkpoints"):
             resume_state = load_checkpoint(run_dir)  # a torchrun restart reloads the run's newest checkpoint
+        if dist_info.is_main:
+            say(cfg, f"run directory {run_dir}")
         trainer = make_trainer(cfg, dist_info, device)
+        if dist_info.is_main:
+            for note in adjustments(cfg, trainer):
+                say(cfg, f"note: {note}")
         if resume_state is not None:
             trainer.load_state_dict(resume_state)
             if dist_info.is_main:
@@ -97,7 +103,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         print(f"fastrl: error: {e}", file=sys.stderr)
         return 2
     if summary.get("run_dir"):
-        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
+        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
+                                         "run_dir")}
         print(json.dumps(shown))
     return 0
 

@@ -11,7 +11,7 @@ import threading
 from conftest import QUIET
 
 TINY_ATARI = ["-m", "fastrl", "train", "--config", "ppo/atari", "--env", "Breakout-v5", "--total-steps", "1024",
-              "--env-threads", "1", *QUIET]
+              "--env-threads", "1", *QUIET, "--quiet", "false"]
 
 
 def _start(tmp_path, *extra):
