@@ -13,7 +13,7 @@ USAGE = """usage: fastrl {train,eval,plot,bench} ...
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
   fastrl eval CKPT [--episodes N] [--seeds K] [--stochastic] [--device DEV]    evaluate a checkpoint
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
-  fastrl bench [PART ...] [--quick]                                            run benchmarks (see fastrl bench --help)
+  fastrl bench [PART ...] [--quick] [--out-dir DIR]                            run benchmarks (see fastrl bench --help)
   fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
 """
 
@@ -77,6 +77,17 @@ def eval_main(argv: list[str]) -> int:
 
 
 def bench_main(argv: list[str]) -> int:
+    """The benchmarks live in a source checkout's ``benchmarks/`` folder, beside ``fastrl/``: they are not installed
+    (the package installs the top-level name ``fastrl`` only), so an install from a checkout (``pip install -e .``)
+    finds them there."""
+    from pathlib import Path
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "benchmarks" / "run.py").is_file():
+        print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
+              "repository, pip install -e . there and run fastrl bench", file=sys.stderr)
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
     from benchmarks.run import main as run_benchmarks
     return run_benchmarks(argv)
 

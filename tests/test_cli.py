@@ -323,7 +323,9 @@ def test_configs_are_package_data():
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} would not be installed"
     # every package folder, named as it installs (a package-dir mapping renames its folder: kernels -> fastrl.kernels)
     installed_as = {folder: name for name, folder in setuptools_cfg["package-dir"].items()}
-    folders = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py") if "tests" not in p.parts}
+    folders = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py")
+               if "tests" not in p.parts and "benchmarks" not in p.parts}  # benchmarks/: checkout only, not installed
     packages = {installed_as.get(folder, folder.replace("/", ".")) for folder in folders}
     assert packages <= set(setuptools_cfg["packages"]), f"packages missing from pyproject: {packages}"
+    assert {name.split(".")[0] for name in setuptools_cfg["packages"]} == {"fastrl"}, "the only top-level name is fastrl"
     assert setuptools_cfg["package-dir"]["fastrl.kernels"] == "kernels" and "kernels" not in setuptools_cfg["packages"]
