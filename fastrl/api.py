@@ -39,6 +39,7 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     the run; see ``fastrl.callbacks``). ``overrides``: config keys (``total_steps=50_000, n_envs=16``), which win
     over ``config``; ``resume=run_dir`` continues a run as ``--resume`` does.
     """
+    refuse_in_spawned_child()
     from fastrl.callbacks import check_callbacks
     from fastrl.train import resolve_config, run
 
@@ -64,6 +65,16 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     finally:
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
     return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+
+
+def refuse_in_spawned_child() -> None:
+    """A spawned child (an IMPALA/APPO actor) imports the parent's script as ``__mp_main__`` before it runs; a script
+    without ``if __name__ == "__main__":`` then calls ``fastrl.train()`` again, which would start a run in every
+    actor. The child exits at once with ``NO_MAIN_GUARD_EXIT`` instead, and the learner turns that into one line."""
+    import multiprocessing.process
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):  # still bootstrapping
+        from fastrl.actor_learner import NO_MAIN_GUARD_EXIT
+        os._exit(NO_MAIN_GUARD_EXIT)
 
 
 @dataclasses.dataclass

@@ -172,6 +172,32 @@ def test_impala_actors_rebuild_a_custom_env_by_name(tmp_path):
     assert run.summary["eval_return_mean"] is not None
 
 
+def test_impala_from_a_script_without_a_main_guard_is_one_line(tmp_path):
+    """A real script that calls fastrl.train(algo="impala") at import: each spawned actor re-imports it and would start
+    a run of its own; instead the actor exits at once and the run raises one line saying to add the guard. With the
+    guard, the same script trains."""
+    body = """
+        import fastrl
+        {indent}run = fastrl.train(env="CartPole-v1", algo="impala", total_steps=512, n_actors=1, n_slots=2, n_envs=4,
+        {indent}                   n_steps=16, eval_episodes=0, run_dir="run", progress=False, wandb="disabled",
+        {indent}                   tensorboard=False, plot=False)
+        {indent}print("trained", run.summary["total_steps"])
+    """
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent(body.format(indent="")))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "trained" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastrl.config.UserError: ") and 'put the call under if __name__ == "__main__":' in last
+    guarded = textwrap.dedent(body.format(indent="    ")).replace("import fastrl\n", "import fastrl\nif __name__ == \"__main__\":\n", 1)
+    (tmp_path / "guarded").mkdir()
+    (tmp_path / "guarded" / "guarded.py").write_text(guarded)
+    proc = subprocess.run([sys.executable, "guarded.py"], cwd=tmp_path / "guarded", env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
+
+
 def test_env_names_and_the_factory_registry():
     from fastrl import envs
     assert envs.env_name("CartPole-v1") == "CartPole-v1"
