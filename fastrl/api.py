@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from fastrl.config import Config, UserError, make_config
-from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation
+from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
 
 
 def train(env=None, algo: str | None = None, config=None, callbacks=(), **overrides) -> Run:
@@ -57,6 +57,8 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     if env is not None:
         given["env"] = env_name(env)
     given.update(overrides)
+    if isinstance(given.get("policy"), type):
+        given["policy"] = policy_name(given["policy"])
     callbacks = check_callbacks(callbacks)
     cfg, resume_state = resolve_config(given, yaml_path, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
@@ -65,6 +67,15 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     finally:
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
     return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+
+
+def policy_name(cls: type) -> str:
+    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
+        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
+                        "__main__ or a function), so checkpoints and other processes can rebuild it")
+    return name
 
 
 def refuse_in_spawned_child() -> None:
@@ -159,6 +170,13 @@ class Agent:
                 f"action={self.action_spec.kind}, path={str(self.path)!r})")
 
     def _as_tensor(self, obs) -> torch.Tensor:
+        layout = getattr(self.policy, "layout", None)
+        if isinstance(obs, dict) and layout is not None:  # a Dict observation: packed as the env packs it
+            if any(part.key not in obs for part in layout):
+                raise UserError(f"the observation lacks {', '.join(p.key for p in layout if p.key not in obs)}; "
+                                f"pass a dict with the keys {', '.join(p.key for p in layout)}")
+            size = sum(int(np.prod(np.shape(obs[part.key]))) for part in layout)
+            return pack_observation(obs, layout, batched=size != self.observation_shape[0])  # one, or a batch
         if isinstance(obs, dict) and "image" in obs:  # a raw MiniGrid observation: its HWC image, channels first
             image = obs["image"]
             obs = image.movedim(-1, -3) if torch.is_tensor(image) else np.moveaxis(np.asarray(image), -1, -3)
@@ -182,6 +200,9 @@ class Agent:
         if x.is_complex():
             raise UserError(f"observations must be real numbers, got dtype {x.dtype}")
         expected, got = self.observation_shape, tuple(x.shape)
+        if len(expected) == 3 and expected[0] < expected[1] and got[-3:] == (*expected[1:], expected[0]):
+            x = x.movedim(-1, -3)  # a channels-last image, as the env gives it: channels first, as the model takes it
+            got = tuple(x.shape)
         if got == expected:
             single = True
         elif got[1:] == expected:

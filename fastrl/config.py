@@ -104,12 +104,19 @@ class Config:
     clip_atari_reward: bool = _f(True, "Atari: train on sign(reward) (statistics still report the real score)")
     # --- model ---
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the MLP trunk(s)")
+    pi_sizes: list = _f([], "hidden widths of the policy's MLP trunk, when they differ from the value's (empty: "
+                            "hidden_sizes); separate trunks only")
+    vf_sizes: list = _f([], "hidden widths of the value's MLP trunk (empty: hidden_sizes); separate trunks only")
+    policy: str = _f("", "module:ClassName of your own nn.Module actor-critic, built as cls(observation_shape, "
+                         "action_spec, config) with get_value, get_action_and_value and act_deterministic (see "
+                         "fastrl.models.ActorCritic); empty: the built-in one")
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
-    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors, minigrid_cnn for small grids, impala_resnet for Procgen, "
-                                 "nature_cnn for other frames)",
-                      ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn"))
+    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
+                                 "minigrid_cnn from 7x7 to under 16x16, nature_cnn from 36x36, small_cnn otherwise; "
+                                 "channels-last images are transposed)",
+                      ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn", "small_cnn"))
     amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
                   ("off", "bf16", "fp16"))
     compile: str = _f("auto", "torch.compile the rollout step and the gradient step: auto (CUDA graphs on CUDA; on CPU each "
@@ -220,6 +227,14 @@ class Config:
                             "pick n_minibatches that divides it")
         if not self.hidden_sizes or any((not isinstance(h, int)) or h <= 0 for h in self.hidden_sizes):
             raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
+        for name in ("pi_sizes", "vf_sizes"):
+            if any((not isinstance(h, int)) or h <= 0 for h in getattr(self, name)):
+                raise UserError(f"{name} must be a list of positive ints, got {getattr(self, name)}")
+        if self.shared_trunk and (self.pi_sizes or self.vf_sizes):
+            raise UserError("pi_sizes/vf_sizes give the policy and value separate trunks, and shared_trunk shares one: "
+                            "drop one of them (shared_trunk uses hidden_sizes)")
+        if self.policy and not re.fullmatch(r"[\w.]+:[\w.]+", self.policy):
+            raise UserError(f"policy={self.policy!r} is not module:ClassName; name a module-level nn.Module class")
         if not 0 <= self.seed < 2**32:
             raise UserError(f"seed must be in [0, 2**32), got {self.seed}")
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
@@ -354,7 +369,8 @@ def _coerce(name: str, value):
 # What --vary may set (each keeps every tensor's shape, so members share one compiled program), and keys named to
 # explain why not.
 VARY_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
-SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "encoder", "activation", "shared_trunk", "env",
+SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
+              "activation", "shared_trunk", "env",
               "algo", "n_epochs", "optimizer")
 
 
