@@ -371,15 +371,16 @@ def _action_spec(space) -> ActionSpec:
         binary = isinstance(space, gymnasium.spaces.MultiBinary)
         nvec = np.full(space.shape, 2) if binary else np.asarray(space.nvec)
         if nvec.ndim != 1 or (not binary and np.any(np.asarray(space.start) != 0)):
-            raise UserError(f"action space {space} is not supported: fastrl handles 1-D MultiDiscrete (starting at 0) "
-                            "and MultiBinary actions; wrap the env to flatten them")
+            raise UserError(f"action space {type(space).__name__} of shape {space.shape} is not supported: fastrl "
+                            "handles 1-D MultiDiscrete (starting at 0) and MultiBinary actions; wrap the env to flatten "
+                            "them")
         nvec = tuple(int(v) for v in nvec)
         return ActionSpec("discrete", n=sum(nvec), shape=(len(nvec),), nvec=nvec)
     if isinstance(space, gymnasium.spaces.Box):
         return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(np.asarray(space.low, np.float64).ravel().tolist()),
                           high=tuple(np.asarray(space.high, np.float64).ravel().tolist()))
-    raise UserError(f"action space {space} is not supported; fastrl handles Discrete, MultiDiscrete, MultiBinary and "
-                    "Box actions")
+    raise UserError(f"action space {str(space).splitlines()[0]} is not supported; fastrl handles Discrete, "
+                    "MultiDiscrete, MultiBinary and Box actions")
 
 
 @functools.lru_cache(maxsize=32)
@@ -452,11 +453,12 @@ class BatchedEnv:
         # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
         # Any other Dict: every entry packed into one float32 vector (see pack_observation); the model unpacks it.
         self._image_key, self.layout, self._hwc = None, None, False
-        if hasattr(obs_space, "spaces") and {"image", "mission"} <= set(obs_space.spaces):
+        spaces = getattr(obs_space, "spaces", None)
+        if isinstance(spaces, dict) and {"image", "mission"} <= set(spaces):
             self._image_key = "image"
             height, width, channels = obs_space.spaces["image"].shape
             obs_space = obs_space.spaces["image"]
-        elif isinstance(getattr(obs_space, "spaces", None), dict):
+        elif isinstance(spaces, dict):
             try:
                 self.layout = dict_layout(obs_space)
             except UserError:
