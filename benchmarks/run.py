@@ -1,6 +1,7 @@
 """Run fastrl's benchmark suite: ``python -m benchmarks.run [PART ...] [--quick]`` (also ``fastrl bench``).
 
-Parts, each one script writing JSON under ``benchmarks/results/<machine-tag>/``:
+Parts, each one script writing JSON under ``<out-dir>/<machine-tag>/`` (``--out-dir``, default ``bench-results`` in
+the current directory; ``--out-dir benchmarks/results`` updates the committed results, which nothing else touches):
   envs        raw env steps/s, EnvPool against Gymnasium vector envs        benchmarks/envs_sps.py
   kernels     GAE / V-trace against loops, TorchRL and the memory-copy limit  benchmarks/kernels.py
   rollout     collect() sync/async against raw EnvPool sync/async; end to end  benchmarks/rollout_sps.py
@@ -10,7 +11,7 @@ Parts, each one script writing JSON under ``benchmarks/results/<machine-tag>/``:
   learning    fastrl at the zoo's step budgets beside the zoo's scores         benchmarks/peers.py --part learning
   impala      IMPALA actor-learner throughput (not in the default set)         benchmarks/impala_sps.py
 No part means all but impala. ``train_sps`` is an alias of end-to-end. A part that fails is reported and the rest
-still run (exit status 1). Afterwards ``benchmarks/report.py`` rewrites benchmarks/RESULTS.md and the plots.
+still run (exit status 1). Afterwards ``benchmarks/report.py`` writes ``<out-dir>/RESULTS.md`` and the plots.
 ``--quick`` passes each script its smoke profile (peers + learning: about 5 minutes on the busy 2-core dev box;
 the whole default set was not timed there).
 
@@ -25,6 +26,7 @@ import importlib
 import sys
 import time
 import traceback
+from pathlib import Path
 
 # part -> [(module, extra argv), ...]
 PARTS = {
@@ -77,7 +79,10 @@ def _parse(argv):
     parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"any of {', '.join(PARTS)} (default: {' '.join(DEFAULT_PARTS)})")
     parser.add_argument("--quick", action="store_true", help="each part's smoke profile (short budgets, one seed)")
-    parser.add_argument("--no-report", action="store_true", help="do not rewrite benchmarks/RESULTS.md and the plots")
+    parser.add_argument("--no-report", action="store_true", help="do not write <out-dir>/RESULTS.md and the plots")
+    parser.add_argument("--out-dir", default="bench-results", metavar="DIR",
+                        help="where the JSON, RESULTS.md and plots go (default: bench-results in the current directory; "
+                             "benchmarks/results updates the committed results)")
     parser.add_argument("--profile", choices=["gpu"], default=None,
                         help="gpu: the one-GPU profile, benchmarks/gpu_profile.py (under 8 minutes), instead of parts")
     parser.add_argument("--dry-run", action="store_true", help="with --profile gpu: the same code on CPU, tiny sizes")
@@ -100,6 +105,10 @@ def main(argv=None) -> int:
     except _UsageError as e:
         print(f"fastrl bench: error: {e}", file=sys.stderr)
         return 2
+    from benchmarks import common
+    out_dir = Path(args.out_dir).resolve()
+    common.RESULTS_DIR = out_dir  # every script's default_out() reads it when it writes
+    print(f"# fastrl bench: results go to {out_dir}", flush=True)
     if args.profile == "gpu":
         from benchmarks import gpu_profile
         return gpu_profile.main(["--dry-run"] if args.dry_run else [])
@@ -116,7 +125,8 @@ def main(argv=None) -> int:
               f"in {time.perf_counter() - t0:.0f}s", flush=True)
     if not args.no_report:
         print("\n# report: python -m benchmarks.report", flush=True)
-        outcomes.append(("report", "benchmarks.report", _run_script("benchmarks.report", []), 0.0))
+        report_argv = ["--results", str(out_dir), "--out", str(out_dir / "RESULTS.md")]
+        outcomes.append(("report", "benchmarks.report", _run_script("benchmarks.report", report_argv), 0.0))
     print(f"\n# done in {time.perf_counter() - started:.0f}s")
     for part, module, code, seconds in outcomes:
         print(f"#   {part:<10} {module:<26} {'ok' if code == 0 else f'exit {code}':>7} {seconds:7.0f}s")

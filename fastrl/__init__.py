@@ -4,7 +4,7 @@ Entry points: ``python -m fastrl.train``, the ``fastrl`` console script, and the
 
     import fastrl
     run = fastrl.train(env="CartPole-v1", total_steps=50_000)    # -> Run(run_dir, summary, agent)
-    agent = fastrl.load(run.run_dir)                              # -> Agent: predict(obs), evaluate()
+    agent = fastrl.load(run.run_dir)                              # -> Agent: act(obs), predict(obs), evaluate(), save(path), learn(steps)
 
 The names below are imported on first use, so ``import fastrl`` stays light (no torch until then).
 """

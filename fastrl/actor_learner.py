@@ -50,11 +50,14 @@ from fastrl.async_collect import GroupedRollout, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
-from fastrl.config import Config
+from fastrl.config import Config, UserError
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
 from fastrl.models import make_agent
 
 START_METHOD = "spawn"
+# The exit status of a spawned child that reached fastrl.train() while importing the parent's script (a script
+# without a main guard); see fastrl.api.refuse_in_spawned_child.
+NO_MAIN_GUARD_EXIT = 86
 FREE, FILLING, FULL = 0, 1, 2
 # control words (int64, learner-written): stop flag, weights seqlock counter, published policy version
 STOP, SEQ, VERSION = 0, 1, 2
@@ -416,6 +419,10 @@ class ActorPool:
                 proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
                 self.hung_restarts += 1
             proc.join()
+            if proc.exitcode == NO_MAIN_GUARD_EXIT:
+                raise UserError("IMPALA/APPO actors are spawned processes that re-import the calling script, and it "
+                                "called fastrl.train() again at import: put the call under "
+                                "if __name__ == \"__main__\":")
             if self.restarts >= self.max_restarts:
                 raise RuntimeError(f"actor {actor_id} exited with code {proc.exitcode} and the restart budget "
                                    f"({self.max_restarts}) is spent; see the actor's traceback above")

@@ -5,7 +5,10 @@
     import fastrl
     run = fastrl.train(env="CartPole-v1", total_steps=50_000)   # any config key is a keyword
     agent = fastrl.load(run.run_dir)                             # or run.agent
-    action = agent.predict(obs)                                  # one observation or a batch, numpy or torch
+    action = agent.act(obs)                                      # one observation or a batch, numpy or torch
+    action, _ = agent.predict(obs)                               # the same, as Stable-Baselines3 returns it
+    agent.save("agent.pt"); agent = fastrl.load("agent.pt")      # one self-contained file
+    run = agent.learn(50_000)                                    # 50k more steps, in a new run directory
     returns = agent.evaluate(episodes=10)                        # numpy [seeds * episodes]
 
 ``train`` runs what ``python -m fastrl.train`` runs (preflight checks, the run directory, the algorithm's trainer,
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 
 from fastrl.config import Config, UserError
-from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation
+from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
 
 
 def train(env=None, algo: str | None = None, config=None, callbacks=(), **overrides) -> Run:
@@ -36,6 +39,7 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     the run; see ``fastrl.callbacks``). ``overrides``: config keys (``total_steps=50_000, n_envs=16``), which win
     over ``config``; ``resume=run_dir`` continues a run as ``--resume`` does.
     """
+    refuse_in_spawned_child()
     from fastrl.callbacks import check_callbacks
     from fastrl.train import resolve_config, run
 
@@ -53,6 +57,8 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     if env is not None:
         given["env"] = env_name(env)
     given.update(overrides)
+    if isinstance(given.get("policy"), type):
+        given["policy"] = policy_name(given["policy"])
     callbacks = check_callbacks(callbacks)
     cfg, resume_state = resolve_config(given, yaml_path, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
@@ -61,6 +67,25 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
     finally:
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
     return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+
+
+def policy_name(cls: type) -> str:
+    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
+    name = f"{cls.__module__}:{cls.__qualname__}"
+    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
+        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
+                        "__main__ or a function), so checkpoints and other processes can rebuild it")
+    return name
+
+
+def refuse_in_spawned_child() -> None:
+    """A spawned child (an IMPALA/APPO actor) imports the parent's script as ``__mp_main__`` before it runs; a script
+    without ``if __name__ == "__main__":`` then calls ``fastrl.train()`` again, which would start a run in every
+    actor. The child exits at once with ``NO_MAIN_GUARD_EXIT`` instead, and the learner turns that into one line."""
+    import multiprocessing.process
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):  # still bootstrapping
+        from fastrl.actor_learner import NO_MAIN_GUARD_EXIT
+        os._exit(NO_MAIN_GUARD_EXIT)
 
 
 @dataclasses.dataclass
@@ -113,7 +138,8 @@ def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:
 
 
 class Agent:
-    """A trained policy. ``predict(obs)`` acts; ``evaluate()`` plays whole episodes on fresh envs.
+    """A trained policy. ``act(obs)`` / ``predict(obs)`` act; ``evaluate()`` plays whole episodes on fresh envs;
+    ``save(path)`` writes it to one file; ``learn(steps)`` trains it further.
 
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
     ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
@@ -122,7 +148,7 @@ class Agent:
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
         from fastrl.models import make_agent
-        self.config, self.device, self.path = cfg, device, path
+        self.config, self.device, self.path, self._state = cfg, device, path, state
         shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
         self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
         self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
@@ -143,6 +169,13 @@ class Agent:
                 f"action={self.action_spec.kind}, path={str(self.path)!r})")
 
     def _as_tensor(self, obs) -> torch.Tensor:
+        layout = getattr(self.policy, "layout", None)
+        if isinstance(obs, dict) and layout is not None:  # a Dict observation: packed as the env packs it
+            if any(part.key not in obs for part in layout):
+                raise UserError(f"the observation lacks {', '.join(p.key for p in layout if p.key not in obs)}; "
+                                f"pass a dict with the keys {', '.join(p.key for p in layout)}")
+            size = sum(int(np.prod(np.shape(obs[part.key]))) for part in layout)
+            return pack_observation(obs, layout, batched=size != self.observation_shape[0])  # one, or a batch
         if isinstance(obs, dict) and "image" in obs:  # a raw MiniGrid observation: its HWC image, channels first
             image = obs["image"]
             obs = image.movedim(-1, -3) if torch.is_tensor(image) else np.moveaxis(np.asarray(image), -1, -3)
@@ -154,17 +187,21 @@ class Agent:
         return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
 
     @torch.no_grad()
-    def predict(self, obs, deterministic: bool = True):
+    def act(self, obs, deterministic: bool = True, check_finite: bool = True):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
         dtype. numpy (or a list) in, numpy out; a torch tensor in, a tensor out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
-        applied as in training."""
+        applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
+        to the policy as it is)."""
         returns_tensor = torch.is_tensor(obs) or isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
         if x.is_complex():
             raise UserError(f"observations must be real numbers, got dtype {x.dtype}")
         expected, got = self.observation_shape, tuple(x.shape)
+        if len(expected) == 3 and expected[0] < expected[1] and got[-3:] == (*expected[1:], expected[0]):
+            x = x.movedim(-1, -3)  # a channels-last image, as the env gives it: channels first, as the model takes it
+            got = tuple(x.shape)
         if got == expected:
             single = True
         elif got[1:] == expected:
@@ -172,6 +209,9 @@ class Agent:
         else:
             raise UserError(f"observation shape {got} does not fit {self.config.env}'s observations: expected "
                             f"{expected} for one or (batch, {', '.join(map(str, expected))}) for a batch")
+        if check_finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
+            raise UserError("the observation holds NaN or Inf values; fix the env (or pass check_finite=False to act "
+                            "on them anyway)")
         out_device = x.device
         x = x.to(self.device).to(self.observation_dtype)
         if single:
@@ -188,10 +228,58 @@ class Agent:
             action = action[0]
         return action.to(out_device) if returns_tensor else action.cpu().numpy()
 
-    def evaluate(self, env=None, episodes: int = 10, seeds: int = 1) -> np.ndarray:
-        """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs with the policy's mode (the
-        saved normalizer frozen, rewards unscaled). ``env``: another env than the run's (an id, ``module:Id``, class
-        or factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
+    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True):
+        """Stable-Baselines3's ``predict``: ``(action, None)``, the action as ``act`` gives it, and no recurrent state
+        (fastrl policies keep none; ``state`` and ``episode_start`` are accepted and ignored). So
+        ``action, _ = agent.predict(obs)`` reads the same for one observation and for a batch."""
+        return self.act(obs, deterministic, check_finite), None
+
+    def _checkpoint_state(self) -> dict:
+        """The checkpoint this agent came from, with the policy's current weights."""
+        return {**self._state, "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write this agent to one self-contained file (weights, config, observation normalizer, optimizer state and
+        counters: a fastrl checkpoint), atomically; ``fastrl.load(path)`` reads it, ``fastrl.train(resume=path)``
+        continues its training. Returns the path."""
+        from fastrl.checkpoint import save_checkpoint
+        return save_checkpoint(self._checkpoint_state(), Path(path))
+
+    @property
+    def global_step(self) -> int:
+        """Env steps this agent has trained for."""
+        return int(self._state.get("global_step", 0))
+
+    def learn(self, steps: int, run_dir: str | os.PathLike | None = None, callbacks=(), **overrides) -> Run:
+        """Train this agent ``steps`` more env steps, as SB3's ``learn(steps, reset_num_timesteps=False)``: a new run
+        directory (``run_dir``, default ``runs/<env>__<algo>__<seed>__<time>``) continues the checkpoint, optimizer
+        state and step count included, to the budget ``global_step + steps`` (the learning-rate schedule is
+        stretched over that new total; ``overrides``: config keys, e.g. ``lr``). The agent then holds the new
+        weights; returns the ``Run``."""
+        from fastrl.checkpoint import checkpoint_path, save_checkpoint
+        from fastrl.rundir import default_run_dir, holds_run
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
+            raise UserError(f"learn: steps must be a positive int, got {steps!r}")
+        if "total_steps" in overrides or "resume" in overrides:
+            raise UserError("learn: pass the steps to add as learn(steps); total_steps and resume are set from them")
+        target = Path(run_dir) if run_dir is not None else default_run_dir(self.config)
+        if holds_run(target):
+            raise UserError(f"learn: run_dir {str(target)!r} already holds a run; pick another")
+        start = save_checkpoint(self._checkpoint_state(), checkpoint_path(target, self.global_step))
+        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **overrides)
+        trained = load(run.run_dir, device=str(self.device)) if run.run_dir is not None else self
+        self._state, self.path, self.config = trained._state, trained.path, trained.config
+        self.policy.load_state_dict(trained.policy.state_dict())
+        return run
+
+    def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
+                 max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:
+        """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs (the saved normalizer frozen,
+        rewards unscaled). ``deterministic``: the policy's mode, False samples (None: the run's
+        ``eval_deterministic``). An episode is cut after ``max_episode_steps`` steps and the evaluation after
+        ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``); a cut
+        episode counts its return so far. ``env``: another env than the run's (an id, ``module:Id``, class or
+        factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
         from fastrl.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
@@ -203,5 +291,6 @@ class Agent:
                 raise UserError(f"env {cfg.env!r} has observations {tuple(shape)} and {spec.kind} actions, but this agent "
                                 f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "
                                 f"({self.config.env}); pass an env with the same spaces")
-        returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device)
+        returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device, max_episode_steps,
+                           deterministic, max_steps)
         return returns.numpy()

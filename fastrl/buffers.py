@@ -19,8 +19,8 @@ def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: 
                         device: torch.device | str = "cpu") -> TensorDict:
     """Allocate the ``[T, N]`` buffer once. Host storage is pinned when the learner is on CUDA."""
     T, N = n_steps, n_envs
-    if action_spec.kind == "discrete":
-        action = torch.zeros(T, N, dtype=torch.int64)
+    if action_spec.kind == "discrete":  # MultiDiscrete: one int64 per component
+        action = torch.zeros(T, N, *action_spec.shape, dtype=torch.int64)
     else:
         action = torch.zeros(T, N, *action_spec.shape, dtype=torch.float32)
 

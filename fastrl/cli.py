@@ -11,9 +11,9 @@ from fastrl.config import UserError
 USAGE = """usage: fastrl {train,eval,plot,bench} ...
 
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
-  fastrl eval CKPT [--episodes N] [--seeds K] [--device DEV] [--env ID]        deterministic evaluation
+  fastrl eval CKPT [--episodes N] [--seeds K] [--stochastic] [--device DEV] [--env ID]   evaluate a checkpoint
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
-  fastrl bench [PART ...] [--quick]                                            run benchmarks (see fastrl bench --help)
+  fastrl bench [PART ...] [--quick] [--out-dir DIR]                            run benchmarks (see fastrl bench --help)
   fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
 """
 
@@ -24,7 +24,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def eval_main(argv: list[str]) -> int:
-    parser = _Parser(prog="fastrl eval", description="Evaluate a checkpoint's deterministic policy on fresh envs.")
+    parser = _Parser(prog="fastrl eval", description="Evaluate a checkpoint's policy on fresh envs (its mode, or "
+                                                     "sampled actions with --stochastic), within step caps.")
     parser.add_argument("checkpoint", help="checkpoint file or run directory (its newest checkpoint)")
     parser.add_argument("--episodes", type=int, default=10, help="episodes per seed (default 10)")
     parser.add_argument("--seeds", type=int, default=3, help="number of eval seeds (default 3)")
@@ -33,16 +34,41 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
     parser.add_argument("--env", default=None, help="the env to evaluate on (required when the run's env is a "
                         "module:Name, which a checkpoint alone never makes fastrl import)")
+    rule = parser.add_mutually_exclusive_group()
+    rule.add_argument("--stochastic", dest="deterministic", action="store_false", default=None,
+                      help="sample actions (default: the run's eval_deterministic, normally the policy's mode)")
+    rule.add_argument("--deterministic", dest="deterministic", action="store_true", default=None,
+                      help="the policy's mode (argmax / mean)")
+    parser.add_argument("--max-episode-steps", type=int, default=None,
+                        help="cut an episode after this many steps (default: the run's eval_max_episode_steps, 27,000)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="cut the evaluation after this many env steps, all envs together (default: the run's "
+                             "eval_max_steps, 1,000,000)")
+    stop = {"stop": None}
+    previous_handlers = {}
     try:
         args = parser.parse_args(argv)
         if args.episodes <= 0 or args.seeds <= 0:
             raise UserError("--episodes and --seeds must be positive")
-        from fastrl.evaluate import evaluate_checkpoint
+        if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
+            raise UserError("--max-episode-steps and --max-steps must be positive")
+        from fastrl.evaluate import EvaluationStopped, evaluate_checkpoint
+        from fastrl.loop import install_stop_handlers
+        previous_handlers = install_stop_handlers(stop)
         returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
-                                           args.env)
+                                           args.env, deterministic=args.deterministic, max_steps=args.max_episode_steps,
+                                           max_total_steps=args.max_steps, label="evaluation",
+                                           should_stop=lambda: stop["stop"] is not None)
     except UserError as e:
         print(f"fastrl eval: error: {e}", file=sys.stderr)
         return 2
+    except EvaluationStopped:
+        print("fastrl eval: stopped by a signal before the episodes finished", file=sys.stderr)
+        return 130
+    finally:
+        import signal
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
     mean, std = returns.mean().item(), returns.std(unbiased=False).item()
     if args.json:
         print(json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
@@ -53,6 +79,17 @@ def eval_main(argv: list[str]) -> int:
 
 
 def bench_main(argv: list[str]) -> int:
+    """The benchmarks live in a source checkout's ``benchmarks/`` folder, beside ``fastrl/``: they are not installed
+    (the package installs the top-level name ``fastrl`` only), so an install from a checkout (``pip install -e .``)
+    finds them there."""
+    from pathlib import Path
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "benchmarks" / "run.py").is_file():
+        print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
+              "repository, pip install -e . there and run fastrl bench", file=sys.stderr)
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
     from benchmarks.run import main as run_benchmarks
     return run_benchmarks(argv)
 

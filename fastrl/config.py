@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -109,12 +110,19 @@ class Config:
     clip_atari_reward: bool = _f(True, "Atari: train on sign(reward) (statistics still report the real score)")
     # --- model ---
     hidden_sizes: list = _f([64, 64], "hidden layer widths of the MLP trunk(s)")
+    pi_sizes: list = _f([], "hidden widths of the policy's MLP trunk, when they differ from the value's (empty: "
+                            "hidden_sizes); separate trunks only")
+    vf_sizes: list = _f([], "hidden widths of the value's MLP trunk (empty: hidden_sizes); separate trunks only")
+    policy: str = _f("", "module:ClassName of your own nn.Module actor-critic, built as cls(observation_shape, "
+                         "action_spec, config) with get_value, get_action_and_value and act_deterministic (see "
+                         "fastrl.models.ActorCritic); empty: the built-in one")
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
-    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors, minigrid_cnn for small grids, impala_resnet for Procgen, "
-                                 "nature_cnn for other frames)",
-                      ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn"))
+    encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
+                                 "minigrid_cnn from 7x7 to under 16x16, nature_cnn from 36x36, small_cnn otherwise; "
+                                 "channels-last images are transposed)",
+                      ("auto", "mlp", "nature_cnn", "impala_resnet", "minigrid_cnn", "small_cnn"))
     amp: str = _f("off", "mixed precision for model forwards: off, bf16 (CPU and CUDA), fp16 (CUDA, with a GradScaler)",
                   ("off", "bf16", "fp16"))
     compile: str = _f("auto", "torch.compile the rollout step and the gradient step: auto (CUDA graphs on CUDA; on CPU each "
@@ -164,7 +172,10 @@ class Config:
                                        "unless given)")
     # --- logging, checkpoints, evaluation ---
     log_interval: int = _f(1, "iterations between metric logs")
-    progress: bool = _f(True, "show a progress bar")
+    progress: bool = _f(True, "show a progress bar (when stderr is not a terminal, or with progress false: one plain "
+                              "line per log interval, at most every 2 s)")
+    quiet: bool = _f(False, "print nothing on stderr but warnings and errors: no progress, no notes (the final JSON "
+                            "line stays on stdout)")
     tensorboard: bool = _f(True, "write TensorBoard events")
     wandb: str = _f("offline", "wandb mode: offline (no network), online, disabled", ("offline", "online", "disabled"))
     wandb_project: str = _f("fastrl", "wandb project name")
@@ -172,7 +183,13 @@ class Config:
     keep_checkpoints: int = _f(3, "how many checkpoints to keep")
     eval_episodes: int = _f(10, "episodes per seed for the end-of-run evaluation (0 disables)")
     eval_seeds: int = _f(5, "seeds for each evaluation (each seed runs eval_episodes episodes)")
-    eval_interval: int = _f(0, "iterations between periodic deterministic evaluations (0 = only at the end)")
+    eval_interval: int = _f(0, "iterations between periodic evaluations (0 = only at the end)")
+    eval_deterministic: bool = _f(True, "evaluate the policy's mode (argmax / mean); false samples actions, as Atari "
+                                        "results are usually reported (an argmax policy can stall a game)")
+    eval_max_episode_steps: int = _f(27_000, "an evaluation episode still running after this many steps ends there and "
+                                             "counts its return so far (27,000: Atari's 108k frames)")
+    eval_max_steps: int = _f(1_000_000, "an evaluation stops after this many env steps, all its envs together "
+                                        "(unfinished episodes count their return so far)")
     stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
     capture_video: bool = _f(False, "record the final evaluation's first episodes to run_dir/videos/*.mp4 (a "
                                     "Gymnasium env of the same id renders them; needs pip install -e \".[video]\")")
@@ -225,6 +242,14 @@ class Config:
                             "pick n_minibatches that divides it")
         if not self.hidden_sizes or any((not isinstance(h, int)) or h <= 0 for h in self.hidden_sizes):
             raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
+        for name in ("pi_sizes", "vf_sizes"):
+            if any((not isinstance(h, int)) or h <= 0 for h in getattr(self, name)):
+                raise UserError(f"{name} must be a list of positive ints, got {getattr(self, name)}")
+        if self.shared_trunk and (self.pi_sizes or self.vf_sizes):
+            raise UserError("pi_sizes/vf_sizes give the policy and value separate trunks, and shared_trunk shares one: "
+                            "drop one of them (shared_trunk uses hidden_sizes)")
+        if self.policy and not re.fullmatch(r"[\w.]+:[\w.]+", self.policy):
+            raise UserError(f"policy={self.policy!r} is not module:ClassName; name a module-level nn.Module class")
         if not 0 <= self.seed < 2**32:
             raise UserError(f"seed must be in [0, 2**32), got {self.seed}")
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
@@ -234,7 +259,7 @@ class Config:
                             f"(got {self.n_epochs} and {self.n_minibatches})")
         if self.frame_skip <= 0 or self.frame_stack <= 0 or self.noop_max < 0:
             raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
-        for name in ("rollback_patience", "max_nonfinite_iterations"):
+        for name in ("rollback_patience", "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0.0 < self.rollback_lr_factor <= 1.0:
@@ -358,6 +383,8 @@ def _coerce(name: str, value):
     elif kind is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, os.PathLike):  # run_dir, resume: a pathlib.Path is as good as its string
+            return os.fspath(value)
     elif kind is dict:
         return _coerce_vary(value)
     elif kind is list:
@@ -374,7 +401,8 @@ def _coerce(name: str, value):
 # What --vary may set (each keeps every tensor's shape, so members share one compiled program), and keys named to
 # explain why not.
 VARY_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
-SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "encoder", "activation", "shared_trunk", "env",
+SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
+              "activation", "shared_trunk", "env",
               "algo", "n_epochs", "optimizer")
 
 
@@ -409,8 +437,21 @@ def _coerce_vary(value) -> dict:
     return out
 
 
+def _as_key(flag_hint: str) -> str:
+    """A ``FLAG_ALIASES`` hint as config keys read: ``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` ->
+    ``n_minibatches (...)``."""
+    flag, _, rest = flag_hint.partition(" ")
+    key = flag.removeprefix("--").replace("-", "_")
+    if not rest:
+        return key
+    return f"{key} {rest}" if rest.startswith("(") else f"{key}={rest}"
+
+
 def _unknown_key(name: str, where: str) -> UserError:
-    close = difflib.get_close_matches(name, FIELDS, n=3)
+    """A config key (YAML, Python keyword) that does not exist: the one meant, as for flags (CleanRL's and SB3's
+    spellings first, then close matches)."""
+    alias = FLAG_ALIASES.get(name.lower().replace("_", "-"))
+    close = [_as_key(alias)] if alias else difflib.get_close_matches(name, FIELDS, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see --help for the valid keys"
     return UserError(f"unknown config key {name!r} in {where}{hint}")
 

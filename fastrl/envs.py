@@ -40,12 +40,66 @@ from fastrl.config import UserError
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """``discrete``: actions are int64 ``[N]`` in ``[0, n)``. ``continuous``: float32 ``[N, *shape]`` in ``[low, high]``."""
+    """``discrete``: actions are int64 ``[N]`` in ``[0, n)``; with ``nvec`` (MultiDiscrete, MultiBinary as all 2s),
+    int64 ``[N, len(nvec)]``, component i in ``[0, nvec[i])``, and ``n = sum(nvec)`` logits. ``continuous``: float32
+    ``[N, *shape]`` in ``[low, high]``."""
     kind: str
     n: int = 0
     shape: tuple = ()
     low: tuple = ()
     high: tuple = ()
+    nvec: tuple = ()
+
+
+@dataclass(frozen=True)
+class ObservationPart:
+    """One entry of a Dict observation space as fastrl packs it: ``key``, its ``shape`` as stored (an image
+    ``[C, H, W]``, channels first; anything else flattened to ``[D]``), whether it is an ``image``, and whether
+    the env gives it channels-last (``hwc``); ``scale`` turns it into floats of order 1 (1/255 for uint8 images)."""
+    key: str
+    shape: tuple
+    image: bool
+    hwc: bool = False
+    scale: float = 1.0
+
+
+def _channels_last(shape: tuple) -> bool:
+    """A 3-D shape that reads as ``[H, W, C]``: at most 4 channels last, and fewer than the first side (so a
+    channels-first ``[3, 64, 64]`` or ``[4, 84, 84]`` stays as it is; a cube such as ``[3, 3, 3]`` too)."""
+    return len(shape) == 3 and shape[2] <= 4 and shape[2] < shape[0]
+
+
+def dict_layout(space) -> tuple[ObservationPart, ...]:
+    """The packing of a gymnasium Dict space: its entries in the space's key order; 3-D Boxes are images."""
+    parts = []
+    for key, sub in space.spaces.items():
+        shape = tuple(getattr(sub, "shape", None) or ())
+        if getattr(sub, "shape", None) is None or not hasattr(sub, "dtype"):
+            raise UserError(f"Dict observation entry {key!r} is {sub}; fastrl packs Box, Discrete-free array entries "
+                            "only: wrap the env to turn it into a Box")
+        if len(shape) == 3:
+            hwc = _channels_last(shape)
+            parts.append(ObservationPart(key, (shape[2], shape[0], shape[1]) if hwc else shape, True, hwc,
+                                         1 / 255 if np.dtype(sub.dtype) == np.uint8 else 1.0))
+        else:
+            parts.append(ObservationPart(key, (max(1, int(np.prod(shape))),), False))
+    return tuple(parts)
+
+
+def pack_observation(obs: dict, layout: tuple[ObservationPart, ...], batched: bool = True) -> torch.Tensor:
+    """A Dict observation (numpy arrays or tensors, ``[N, ...]`` per entry, or unbatched) as one float32 tensor
+    ``[N, D]`` (``[D]`` unbatched): each entry flattened (images channels first), concatenated in layout order."""
+    pieces = []
+    for part in layout:
+        value = obs[part.key]
+        value = value if torch.is_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))
+        if not batched:
+            value = value.unsqueeze(0)
+        if part.hwc:
+            value = value.movedim(-1, -3)
+        pieces.append(value.reshape(value.shape[0], -1).float())
+    packed = torch.cat(pieces, dim=1)
+    return packed if batched else packed[0]
 
 
 @dataclass
@@ -253,6 +307,9 @@ def env_name(env) -> str:
     if isinstance(env, str):
         return env
     import gymnasium
+    if isinstance(env, gymnasium.vector.VectorEnv):
+        raise UserError(f"env is a vector env ({type(env).__name__}); fastrl builds its own (n_envs copies, and fresh "
+                        "ones for evaluation): pass the single env's class or a zero-argument factory, with n_envs")
     if isinstance(env, gymnasium.Env):
         raise UserError(f"env is an environment instance ({type(env).__name__}); pass its class or a zero-argument "
                         "factory instead: fastrl builds n_envs copies")
@@ -342,10 +399,37 @@ def _action_spec(space) -> ActionSpec:
     import gymnasium
     if isinstance(space, gymnasium.spaces.Discrete):
         return ActionSpec("discrete", n=int(space.n))
+    if isinstance(space, (gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary)):
+        binary = isinstance(space, gymnasium.spaces.MultiBinary)
+        nvec = np.full(space.shape, 2) if binary else np.asarray(space.nvec)
+        if nvec.ndim != 1 or (not binary and np.any(np.asarray(space.start) != 0)):
+            raise UserError(f"action space {type(space).__name__} of shape {space.shape} is not supported: fastrl "
+                            "handles 1-D MultiDiscrete (starting at 0) and MultiBinary actions; wrap the env to flatten "
+                            "them")
+        nvec = tuple(int(v) for v in nvec)
+        return ActionSpec("discrete", n=sum(nvec), shape=(len(nvec),), nvec=nvec)
     if isinstance(space, gymnasium.spaces.Box):
         return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(np.asarray(space.low, np.float64).ravel().tolist()),
                           high=tuple(np.asarray(space.high, np.float64).ravel().tolist()))
-    raise UserError(f"action space {space} is not supported; fastrl handles Discrete and Box actions")
+    raise UserError(f"action space {str(space).splitlines()[0]} is not supported; fastrl handles Discrete, "
+                    "MultiDiscrete, MultiBinary and Box actions")
+
+
+@functools.lru_cache(maxsize=32)
+def _layout_of(env_id: str, backend: str, identity) -> tuple | None:
+    env = BatchedEnv(env_id, 1, 0, backend)
+    try:
+        return env.layout
+    finally:
+        env.close()
+
+
+def observation_layout(cfg, observation_shape: tuple) -> tuple | None:
+    """How ``cfg.env`` packs its Dict observations (``ObservationPart`` s), or None for array observations. Only a
+    Python (Gymnasium) env with flat observations can have one; one env is built to read its space (cached)."""
+    if len(observation_shape) != 1 or cfg.env_backend == "torch" or resolve_backend(cfg.env, cfg.env_backend) != "gymnasium":
+        return None
+    return _layout_of(cfg.env, cfg.env_backend, env_identity(cfg.env))
 
 
 class ObservationShapeError(ValueError):
@@ -478,12 +562,14 @@ class BatchedEnv:
             if is_procgen(lookup_id):
                 require_procgen_runtime(env_id)
             try:
-                with warnings.catch_warnings():  # EnvPool's float64 Box bounds make Gymnasium warn on every build
+                # EnvPool's float64 Box bounds make Gymnasium warn each time a space is built, and EnvPool builds
+                # them lazily, on first access: both inside the filter.
+                with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
                     self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+                    obs_space, act_space = self._env.observation_space, self._env.action_space
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
-            obs_space, act_space = self._env.observation_space, self._env.action_space
         else:
             import gymnasium
             # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.
@@ -501,27 +587,45 @@ class BatchedEnv:
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
         # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
-        self._image_key = None
-        if hasattr(obs_space, "spaces") and "image" in obs_space.spaces:
+        # Any other Dict: every entry packed into one float32 vector (see pack_observation); the model unpacks it.
+        self._image_key, self.layout, self._hwc = None, None, False
+        spaces = getattr(obs_space, "spaces", None)
+        if isinstance(spaces, dict) and {"image", "mission"} <= set(spaces):
             self._image_key = "image"
             height, width, channels = obs_space.spaces["image"].shape
             obs_space = obs_space.spaces["image"]
-        if getattr(obs_space, "shape", None) is None:
+        elif isinstance(spaces, dict):
+            try:
+                self.layout = dict_layout(obs_space)
+            except UserError:
+                self._env.close()
+                raise
+        if self.layout is None and getattr(obs_space, "shape", None) is None:
             self._env.close()
-            raise UserError(f"{env_id!r} has observation space {obs_space}; fastrl handles array (Box) observations "
-                            "and MiniGrid images: wrap the env to flatten its observations")
-        self.observation_shape = (channels, height, width) if self._image_key else tuple(obs_space.shape)
+            raise UserError(f"{env_id!r} has observation space {obs_space}; fastrl handles array (Box) observations, "
+                            "Dict observations of them and MiniGrid images: wrap the env to flatten its observations")
+        if self.layout is not None:
+            self.observation_shape = (sum(int(np.prod(part.shape)) for part in self.layout),)
+        elif self._image_key:
+            self.observation_shape = (channels, height, width)
+        else:  # an image with its channels last is handed out channels first, as the conv encoders take it
+            self._hwc = _channels_last(tuple(obs_space.shape))
+            shape = tuple(obs_space.shape)
+            self.observation_shape = (shape[2], shape[0], shape[1]) if self._hwc else shape
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
         self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
         if self._image_key:
             self.obs_scale = 0.1  # codes: objects < 11, colours < 6, states < 3
+        elif self.layout is not None:
+            self.obs_scale = 1.0  # the Dict model scales its uint8 image parts itself
         elif obs_space.dtype == np.uint8:
             self.obs_scale = 1.0 / 255.0
         else:
             self.obs_scale = 1.0
-        self.observation_dtype = torch.float32 if obs_space.dtype == np.float64 else torch.from_numpy(
-            np.zeros(0, dtype=obs_space.dtype)).dtype
+        self.observation_dtype = torch.float32 if self.layout is not None or obs_space.dtype == np.float64 else \
+            torch.from_numpy(np.zeros(0, dtype=obs_space.dtype)).dtype
         self.action_spec = _action_spec(act_space)
+        self._np_action_dtype = act_space.dtype if self.action_spec.nvec else None
         self.stats = EpisodeStats(n_envs)
         self._prev_done = np.zeros(n_envs, dtype=bool)
         if self.action_spec.kind == "continuous":
@@ -531,9 +635,12 @@ class BatchedEnv:
         self._reset_once = False
 
     def _obs(self, obs) -> torch.Tensor:
-        if self._image_key is None:
-            return _to_tensor(obs)
-        return torch.from_numpy(obs[self._image_key]).permute(0, 3, 1, 2)  # a view; the buffer write copies
+        if self.layout is not None:
+            return pack_observation(obs, self.layout)
+        if self._image_key is not None:
+            return torch.from_numpy(obs[self._image_key]).permute(0, 3, 1, 2)  # a view; the buffer write copies
+        tensor = _to_tensor(obs)
+        return tensor.permute(0, 3, 1, 2) if self._hwc else tensor
 
     def reset(self) -> torch.Tensor:
         if self.backend == "envpool":
@@ -552,6 +659,8 @@ class BatchedEnv:
         """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
         if self.action_spec.kind == "discrete":
             act = action.numpy()
+            if self._np_action_dtype is not None:  # MultiDiscrete / MultiBinary: the space's own integer dtype
+                act = act.astype(self._np_action_dtype, copy=False)
         else:
             act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
         try:

@@ -1,9 +1,15 @@
-"""Deterministic evaluation on separate envs, batched: ``seeds`` x ``episodes`` episodes in one batched env, the
-policy's mode; and videos of it."""
+"""Evaluation on separate envs, batched: ``seeds`` x ``episodes`` episodes in one batched env, the policy's mode
+(or samples); and videos of it.
+
+Every evaluation is bounded: an episode still running after ``eval_max_episode_steps`` steps counts its return so
+far, and the whole evaluation stops after ``eval_max_steps`` env steps (every env of the batch counts each step);
+one line says what was cut. A stop signal (``should_stop``) ends it between two steps with ``EvaluationStopped``.
+"""
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +18,11 @@ import torch
 from fastrl.envs import make_env
 
 VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
+PROGRESS_EVERY_S = 5.0  # a labelled evaluation prints a progress line this often
+
+
+class EvaluationStopped(Exception):
+    """A stop signal arrived while an evaluation was running; its episodes are abandoned."""
 
 
 def eval_seed(run_seed: int, k: int = 0, episodes: int = 0) -> int:
@@ -32,25 +43,49 @@ def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic
 
 
 def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_000,
-                        deterministic: bool = True) -> torch.Tensor:
-    """Step every env of the batched ``env`` together until each has finished its first episode (or ``max_steps``
-    steps). Returns each env's first-episode return, float64 ``[env.n_envs]``; an episode still running after
-    ``max_steps`` counts its return so far.
+                        deterministic: bool = True, max_total_steps: int | None = None, should_stop=None,
+                        label: str | None = None, stats: dict | None = None) -> torch.Tensor:
+    """Step every env of the batched ``env`` together until each has finished its first episode, for at most
+    ``max_steps`` steps (the cap per episode) and ``max_total_steps`` env steps in all (``steps * n_envs``). Returns
+    each env's first-episode return, float64 ``[env.n_envs]``; an episode still running at a cap counts its return
+    so far.
 
     Per step: one policy forward over the whole batch, one env step, and masked bookkeeping on ``[N]`` CPU tensors
     (no per-env Python loop). Envs that finished early keep stepping with the rest (auto-reset), their later
-    episodes masked out.
+    episodes masked out. ``should_stop()`` true between two steps raises ``EvaluationStopped``. ``label``: print a
+    progress line every ``PROGRESS_EVERY_S`` seconds, and say what a cap cut, under that name (unlabelled, only the
+    cut is said). ``stats``, when given, receives ``steps`` (per env) and ``cut`` (episodes a cap ended).
     """
+    n_envs = env.n_envs
+    if max_total_steps:
+        max_steps = max(1, min(max_steps, max_total_steps // n_envs))
     obs = env.reset()
-    finished = torch.zeros(env.n_envs, dtype=torch.bool)
-    episode_return = torch.zeros(env.n_envs, dtype=torch.float64)
-    for _ in range(max_steps):
+    finished = torch.zeros(n_envs, dtype=torch.bool)
+    episode_return = torch.zeros(n_envs, dtype=torch.float64)
+    start = next_report = time.perf_counter()
+    next_report += PROGRESS_EVERY_S
+    steps = 0
+    while steps < max_steps:
+        if should_stop is not None and should_stop():
+            raise EvaluationStopped
         step = env.step(_policy_action(agent, obs, device, deterministic))
+        steps += 1
         episode_return += step.reward.double() * ~finished
         finished |= step.done
         obs = step.observation
         if bool(finished.all()):
             break
+        if label and time.perf_counter() >= next_report:
+            next_report += PROGRESS_EVERY_S
+            print(f"fastrl: {label}: {int(finished.sum())}/{n_envs} episodes done after {steps:,} steps "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    cut = n_envs - int(finished.sum())
+    if cut:
+        print(f"fastrl: {label or 'evaluation'}: cut {cut} of {n_envs} episodes at {steps:,} steps (the cap: "
+              f"eval_max_episode_steps, and eval_max_steps over all envs); their returns so far count",
+              file=sys.stderr, flush=True)
+    if stats is not None:
+        stats.update(steps=steps, cut=cut)
     return episode_return
 
 
@@ -62,28 +97,50 @@ def _eval_env(cfg, n_envs: int, seed: int, normalizer_state: dict | None):
     return env
 
 
+def _bounds(cfg, max_steps, deterministic, max_total_steps) -> tuple[int, bool, int]:
+    """The caps and the action rule: the arguments given, else the config's ``eval_*`` settings."""
+    return (cfg.eval_max_episode_steps if max_steps is None else max_steps,
+            cfg.eval_deterministic if deterministic is None else deterministic,
+            cfg.eval_max_steps if max_total_steps is None else max_total_steps)
+
+
+def describe(cfg, episodes: int, seeds: int, deterministic: bool | None = None) -> str:
+    """What an evaluation plays, in words: ``10 episodes (5 seeds x 2), deterministic policy, at most ...``."""
+    max_steps, deterministic, max_total_steps = _bounds(cfg, None, deterministic, None)
+    rule = "deterministic policy" if deterministic else "sampled actions"
+    return (f"{seeds * episodes} episodes ({seeds} seed{'s' * (seeds != 1)} x {episodes}), {rule}, at most {max_steps:,} steps each and "
+            f"{max_total_steps:,} in all")
+
+
 @torch.no_grad()
 def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
-             max_steps: int = 100_000, deterministic: bool = True) -> torch.Tensor:
+             max_steps: int | None = None, deterministic: bool | None = None, max_total_steps: int | None = None,
+             should_stop=None, label: str | None = None, stats: dict | None = None) -> torch.Tensor:
     """Play ``seeds`` x ``episodes`` episodes at once: one batched env of ``seeds * episodes`` envs, each
     contributing its first episode. Returns the returns, float64 ``[seeds * episodes]``, seed group by seed group
     (env ``k * episodes + j`` is seeded ``eval_seed(cfg.seed, k, episodes) + j``).
 
-    ``deterministic``: the policy's mode (argmax / mean); False samples. ``max_steps``: see ``play_first_episodes``.
-    ``evaluate_per_seed`` is the plain twin, one seed group after another; for a deterministic policy both give
-    the same returns.
+    ``deterministic``: the policy's mode (argmax / mean); False samples. ``max_steps`` (per episode) and
+    ``max_total_steps`` (all envs together) cap the evaluation; None takes ``cfg.eval_deterministic``,
+    ``cfg.eval_max_episode_steps`` and ``cfg.eval_max_steps``. ``should_stop``, ``label``, ``stats``: see
+    ``play_first_episodes``. ``evaluate_per_seed`` is the plain twin, one seed group after another; for a
+    deterministic policy both give the same returns.
     """
+    max_steps, deterministic, max_total_steps = _bounds(cfg, max_steps, deterministic, max_total_steps)
     env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
     try:
-        return play_first_episodes(agent, env, device, max_steps, deterministic)
+        return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label,
+                                   stats)
     finally:
         env.close()
 
 
 @torch.no_grad()
 def evaluate_per_seed(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
-                      max_steps: int = 100_000, deterministic: bool = True) -> torch.Tensor:
-    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another."""
+                      max_steps: int | None = None, deterministic: bool | None = None) -> torch.Tensor:
+    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another
+    (the per-evaluation cap is not applied)."""
+    max_steps, deterministic, _ = _bounds(cfg, max_steps, deterministic, None)
     results = []
     for k in range(seeds):
         env = _eval_env(cfg, episodes, eval_seed(cfg.seed, k, episodes), normalizer_state)
@@ -191,9 +248,10 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
 
 
 def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
-                        env: str | None = None):
+                        env: str | None = None, **evaluate_kwargs):
     """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
-    given (required for a saved ``module:Name`` env). Returns ``(returns [seeds * episodes], config)``."""
+    given (required for a saved ``module:Name`` env; ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
+    ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
     from fastrl.checkpoint import checkpoint_config, load_checkpoint, select_member
     from fastrl.distributed import resolve_device
     from fastrl.envs import make_env
@@ -207,4 +265,4 @@ def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", 
     probe.close()
     agent.load_state_dict(state["model"])
     agent.to(dev).eval()
-    return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev), cfg
+    return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

@@ -175,6 +175,27 @@ def member_series(record: dict) -> dict:
             **{prefix + key: value for key, value in record.items() if key not in _MEMBER_LABELS}}
 
 
+class ProgressLines:
+    """Progress as plain stderr lines, ``fastrl: step 12,288/250,000 (4.9%) sps 30512 return 25.3 (3 s)``: one per
+    log interval, at most one every ``every_s`` seconds (the last step's always)."""
+
+    def __init__(self, total_steps: int, every_s: float = 2.0):
+        self.total_steps, self.every_s = total_steps, every_s
+        self._start = time.perf_counter()
+        self._last = -math.inf
+
+    def line(self, step: int, postfix: dict) -> str:
+        shown = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in postfix.items())
+        return (f"fastrl: step {step:,}/{self.total_steps:,} ({100 * step / max(self.total_steps, 1):.1f}%) {shown} "
+                f"({time.perf_counter() - self._start:.0f} s)")
+
+    def show(self, step: int, postfix: dict) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.every_s or step >= self.total_steps:
+            self._last = now
+            print(self.line(step, postfix), file=sys.stderr, flush=True)
+
+
 class RunLogger(NullLogger):
     """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``."""
 
@@ -192,11 +213,13 @@ class RunLogger(NullLogger):
                 "wandb", lambda: open_wandb(self.run_dir, config, wandb_mode, wandb_project,
                                             run_name or self.run_dir.name, start_step),
                 write_wandb, lambda run: run.finish()))
-        self._bar = None
-        if progress:
+        self._bar = self._lines = None
+        if progress and sys.stderr.isatty():
             from tqdm import tqdm
             self._bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, dynamic_ncols=True,
                              file=sys.stderr, mininterval=0.5)
+        elif not config.get("quiet", False):  # a file or a pipe reads plain lines better than \r updates
+            self._lines = ProgressLines(total_steps)
 
     def log(self, metrics: dict, step: int) -> None:
         record = {"global_step": int(step)}
@@ -224,6 +247,8 @@ class RunLogger(NullLogger):
                               " (the rows written so far are whole)") from None
 
     def progress(self, step: int, postfix: dict) -> None:
+        if self._lines is not None:
+            self._lines.show(step, postfix)
         if self._bar is not None:
             self._bar.n = step
             self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},

@@ -48,7 +48,7 @@ from fastrl import distributed
 from fastrl.callbacks import RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.envs import EnvError
-from fastrl.evaluate import evaluate, record_videos
+from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import NullLogger, RunLogger
 from fastrl.plot import write_run_plot
@@ -111,14 +111,14 @@ def save_if_finite(trainer, run_dir: Path) -> bool:
     return True
 
 
-def evaluate_members(trainer, normalizer_states: list | None = None) -> list[tuple[float, float]]:
-    """Each member's deterministic evaluation on separate envs (``eval_seeds`` x ``eval_episodes`` episodes, the seeds
-    of its single run): ``[(mean, std)]``."""
+def evaluate_members(trainer, normalizer_states: list | None = None, **evaluate_kwargs) -> list[tuple[float, float]]:
+    """Each member's evaluation on separate envs (``eval_seeds`` x ``eval_episodes`` episodes, the seeds of its single
+    run): ``[(mean, std)]``. ``evaluate_kwargs``: a stop check and a progress label, see ``fastrl.evaluate.evaluate``."""
     results = []
     for m, member in enumerate(trainer.members):
         state = trainer.normalizer_state(m) if normalizer_states is None else normalizer_states[m]
         returns = evaluate(trainer.member_agent(m), member, state, member.eval_episodes, member.eval_seeds,
-                           trainer.device)
+                           trainer.device, **evaluate_kwargs)
         results.append((returns.mean().item(), returns.std(unbiased=False).item()))
     return results
 
@@ -149,6 +149,38 @@ def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
         if values:
             out[f"members_{key}"] = aggregate(values, seed=trainer.cfg.seed)
     return out
+
+
+def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | None:
+    """The end-of-run evaluation of every member, announced in one line and reporting progress while it runs:
+    ``[(mean, std)]`` per member, or None when a stop signal ended it (within one env step)."""
+    cfg = trainer.cfg
+    label = None if cfg.quiet else "final evaluation"
+    if label:
+        members = f"{trainer.n_members} members x " if trainer.n_members > 1 else ""
+        print(f"fastrl: {label}: {members}{describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr,
+              flush=True)
+    try:
+        return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
+    except EvaluationStopped:
+        print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
+              flush=True)
+        return None
+
+
+def final_evaluation(trainer, normalizer_state, should_stop) -> dict | None:
+    """The end-of-run evaluation, announced in one line and reporting progress while it runs; None when a stop
+    signal ended it (within one env step)."""
+    cfg = trainer.cfg
+    label = None if cfg.quiet else "final evaluation"
+    if label:
+        print(f"fastrl: {label}: {describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr, flush=True)
+    try:
+        return evaluate_trainer(trainer, normalizer_state, should_stop=should_stop, label=label)
+    except EvaluationStopped:
+        print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
+              flush=True)
+        return None
 
 
 def _plain(metrics: dict) -> dict:
@@ -270,7 +302,9 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         member_eval = None
         if dist_info.is_main:
             if cfg.eval_episodes and stop["stop"] is None and env_error is None:
-                member_eval = evaluate_members(trainer, normalizers)
+                member_eval = final_evaluation(trainer, normalizers, lambda: stop["stop"] is not None)
+                summary["stopped_by_signal"] = stop["stop"] is not None
+            if member_eval:
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]

@@ -61,21 +61,63 @@ def gaussian_logp_entropy(mean: torch.Tensor, log_std: torch.Tensor, action: tor
     return logp, entropy
 
 
+def action_logp_entropy(out: torch.Tensor, spec: ActionSpec, log_std, action: torch.Tensor | None,
+                        noise: torch.Tensor | None):
+    """The policy head's output ``out [B, A]`` as a distribution: sample ``action`` when None (``noise``: U(0, 1)
+    ``[B, n]`` for discrete, N(0, 1) ``[B, A]`` for continuous; default from the global generator), and return
+    ``(action, logp [B], entropy [B])``. MultiDiscrete (``spec.nvec``): one categorical per component over its slice
+    of the logits, log-probabilities and entropies summed."""
+    if spec.kind == "discrete" and spec.nvec:
+        slices = torch.split(out, list(spec.nvec), dim=-1)
+        uniform = torch.split(noise, list(spec.nvec), dim=-1) if noise is not None else [None] * len(slices)
+        if action is None:
+            action = torch.stack([categorical_sample(z, u) for z, u in zip(slices, uniform)], dim=-1)
+        action = action.view(-1, len(spec.nvec))
+        parts = [categorical_logp_entropy(z, action[:, i]) for i, z in enumerate(slices)]
+        return action, sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if spec.kind == "discrete":
+        if action is None:
+            action = categorical_sample(out, noise)
+        logp, entropy = categorical_logp_entropy(out, action)
+        return action, logp, entropy
+    if action is None:
+        draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
+        action = out.float() + draws * log_std.exp()
+    action = action.view(out.shape)
+    logp, entropy = gaussian_logp_entropy(out, log_std, action)
+    return action.view(-1, *spec.shape), logp, entropy
+
+
+def action_mode(out: torch.Tensor, spec: ActionSpec) -> torch.Tensor:
+    """The policy's mode: argmax (per component for MultiDiscrete), or the mean for continuous actions."""
+    if spec.kind == "discrete" and spec.nvec:
+        return torch.stack([z.argmax(-1) for z in torch.split(out, list(spec.nvec), dim=-1)], dim=-1)
+    if spec.kind == "discrete":
+        return out.argmax(-1)
+    return out.float().view(-1, *spec.shape)
+
+
+def _head_width(spec: ActionSpec) -> int:
+    return spec.n if spec.kind == "discrete" else math.prod(spec.shape)
+
+
 class ActorCritic(nn.Module):
-    """MLP actor-critic over flat observations, with a shared trunk or separate policy/value trunks."""
+    """MLP actor-critic over flat observations, with a shared trunk or separate policy/value trunks (``pi_sizes`` /
+    ``vf_sizes``: their widths, each defaulting to ``hidden_sizes``)."""
 
     def __init__(self, obs_shape: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
-                 shared_trunk: bool = False, init_log_std: float = 0.0):
+                 shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=()):
         super().__init__()
         in_dim = math.prod(obs_shape)
         self.action_spec = action_spec
         self.discrete = action_spec.kind == "discrete"
-        out_dim = action_spec.n if self.discrete else math.prod(action_spec.shape)
+        out_dim = _head_width(action_spec)
+        pi_sizes, vf_sizes = list(pi_sizes or hidden_sizes), list(vf_sizes or hidden_sizes)
         self.shared_trunk = shared_trunk
-        self.actor_trunk = mlp(in_dim, list(hidden_sizes), activation)
-        self.critic_trunk = self.actor_trunk if shared_trunk else mlp(in_dim, list(hidden_sizes), activation)
-        self.policy_head = orthogonal_init(nn.Linear(hidden_sizes[-1], out_dim), gain=0.01)
-        self.value_head = orthogonal_init(nn.Linear(hidden_sizes[-1], 1), gain=1.0)
+        self.actor_trunk = mlp(in_dim, pi_sizes, activation)
+        self.critic_trunk = self.actor_trunk if shared_trunk else mlp(in_dim, vf_sizes, activation)
+        self.policy_head = orthogonal_init(nn.Linear(pi_sizes[-1], out_dim), gain=0.01)
+        self.value_head = orthogonal_init(nn.Linear((pi_sizes if shared_trunk else vf_sizes)[-1], 1), gain=1.0)
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
 
@@ -96,28 +138,15 @@ class ActorCritic(nn.Module):
         actor, critic = self._features(obs)
         out = self.policy_head(actor)
         value = self.value_head(critic).squeeze(-1).float()
-        if self.discrete:
-            if action is None:
-                action = categorical_sample(out, noise)
-            logp, entropy = categorical_logp_entropy(out, action)
-        else:
-            log_std = self.log_std
-            if action is None:
-                draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
-                action = out.float() + draws * log_std.exp()
-            action = action.view(out.shape)
-            logp, entropy = gaussian_logp_entropy(out, log_std, action)
-            action = action.view(-1, *self.action_spec.shape)
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
+                                                    noise)
         return action, logp, entropy, value
 
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         """The mode of the policy: argmax for discrete, the mean for continuous actions."""
         actor, _ = self._features(obs)
-        out = self.policy_head(actor)
-        if self.discrete:
-            return out.argmax(-1)
-        return out.float().view(-1, *self.action_spec.shape)
+        return action_mode(self.policy_head(actor), self.action_spec)
 
 
 
@@ -182,19 +211,35 @@ class MiniGridCNN(_ConvEncoder):
             orthogonal_init(nn.Conv2d(32, 64, 2)), nn.ReLU(), nn.Flatten()), obs_shape, features)
 
 
-ENCODERS = {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minigrid_cnn": MiniGridCNN}
+class SmallCNN(_ConvEncoder):
+    """Images of any size, small ones too (32x32 RGB, a 5x5 grid): 3x3 convs with padding, 32 channels at stride 1,
+    then 64 at stride 2 twice, then a 256 fc. ``[B, C, H, W] -> [B, 256]``."""
+
+    def __init__(self, obs_shape: tuple, features: int = 256):
+        super().__init__(nn.Sequential(
+            orthogonal_init(nn.Conv2d(obs_shape[0], 32, 3, padding=1)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(32, 64, 3, stride=2, padding=1)), nn.ReLU(),
+            orthogonal_init(nn.Conv2d(64, 64, 3, stride=2, padding=1)), nn.ReLU(), nn.Flatten()), obs_shape, features)
+
+
+ENCODERS = {"nature_cnn": NatureCNN, "impala_resnet": ImpalaResNet, "minigrid_cnn": MiniGridCNN, "small_cnn": SmallCNN}
+NATURE_CNN_MIN_SIDE = 36  # 8x8/4, 4x4/2, 3x3/1 leave one pixel at 36
 
 
 def resolve_encoder(name: str, obs_shape: tuple, env_id: str = "") -> str:
-    """``auto``: MLP for flat observations, MiniGridCNN for grids smaller than 16x16, ImpalaResNet for Procgen
-    (``env_id`` an EnvPool Procgen id, as in Cobbe et al. 2020), NatureCNN for other frames."""
+    """``auto``: MLP for flat observations; for images ``[C, H, W]``: ImpalaResNet for Procgen (``env_id`` an EnvPool
+    Procgen id, as in Cobbe et al. 2020), MiniGridCNN for grids from 7x7 to under 16x16, NatureCNN from 36x36 up,
+    and SmallCNN for the sizes between and below, which the others do not take."""
     if name != "auto":
         return name
     if len(obs_shape) != 3:
         return "mlp"
     if env_id and is_procgen(env_id):
         return "impala_resnet"
-    return "minigrid_cnn" if min(obs_shape[1:]) < 16 else "nature_cnn"
+    side = min(obs_shape[1:])
+    if 7 <= side < 16:
+        return "minigrid_cnn"
+    return "nature_cnn" if side >= NATURE_CNN_MIN_SIDE else "small_cnn"
 
 
 class PixelActorCritic(nn.Module):
@@ -211,7 +256,7 @@ class PixelActorCritic(nn.Module):
             raise ValueError(f"PixelActorCritic needs [C, H, W] observations, got shape {obs_shape}")
         self.action_spec = action_spec
         self.discrete = action_spec.kind == "discrete"
-        out_dim = action_spec.n if self.discrete else math.prod(action_spec.shape)
+        out_dim = _head_width(action_spec)
         # A buffer, so a checkpoint carries the scale its model was trained with.
         self.register_buffer("obs_scale", torch.tensor([float(obs_scale)]))  # [1]: 0-d breaks byte views
         self.channels_last = channels_last
@@ -238,32 +283,95 @@ class PixelActorCritic(nn.Module):
         features = self._features(obs)
         out = self.policy_head(features)
         value = self.value_head(features).squeeze(-1).float()
-        if self.discrete:
-            if action is None:
-                action = categorical_sample(out, noise)
-            logp, entropy = categorical_logp_entropy(out, action)
-        else:
-            if action is None:
-                draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
-                action = out.float() + draws * self.log_std.exp()
-            action = action.view(out.shape)
-            logp, entropy = gaussian_logp_entropy(out, self.log_std, action)
-            action = action.view(-1, *self.action_spec.shape)
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
+                                                    noise)
         return action, logp, entropy, value
 
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        out = self.policy_head(self._features(obs))
-        if self.discrete:
-            return out.argmax(-1)
-        return out.float().view(-1, *self.action_spec.shape)
+        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
+
+
+class DictActorCritic(nn.Module):
+    """Dict observations, packed by the env into one float32 vector ``[B, D]`` (see ``fastrl.envs.pack_observation``):
+    each image entry through its own conv encoder (chosen by its size, as ``encoder: auto`` chooses; scaled by its
+    ``scale``, 1/255 for uint8), the vector entries together through an MLP trunk, the features concatenated and shared by
+    the policy and value heads. Same API as ``ActorCritic``."""
+
+    def __init__(self, layout: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
+                 init_log_std: float = 0.0):
+        super().__init__()
+        self.action_spec, self.layout = action_spec, layout
+        self.discrete = action_spec.kind == "discrete"
+        self.sizes = [math.prod(part.shape) for part in layout]
+        self.images = nn.ModuleDict({part.key: ENCODERS[resolve_encoder("auto", part.shape)](part.shape)
+                                     for part in layout if part.image})
+        vector_dim = sum(size for size, part in zip(self.sizes, layout) if not part.image)
+        self.vector_trunk = mlp(vector_dim, list(hidden_sizes), activation) if vector_dim else None
+        width = sum(encoder.out_dim for encoder in self.images.values()) + (hidden_sizes[-1] if vector_dim else 0)
+        self.policy_head = orthogonal_init(nn.Linear(width, _head_width(action_spec)), gain=0.01)
+        self.value_head = orthogonal_init(nn.Linear(width, 1), gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((_head_width(action_spec),), float(init_log_std)))
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        pieces, vectors = [], []
+        for part, chunk in zip(self.layout, torch.split(obs.float(), self.sizes, dim=1)):
+            if part.image:
+                image = chunk.view(-1, *part.shape) * part.scale
+                pieces.append(self.images[part.key](image))
+            else:
+                vectors.append(chunk)
+        if vectors:
+            pieces.append(self.vector_trunk(torch.cat(vectors, dim=1)))
+        return torch.cat(pieces, dim=1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self._features(obs)).squeeze(-1).float()
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             noise: torch.Tensor | None = None):
+        """See ``ActorCritic.get_action_and_value``."""
+        features = self._features(obs)
+        out = self.policy_head(features)
+        value = self.value_head(features).squeeze(-1).float()
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
+                                                    noise)
+        return action, logp, entropy, value
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
+
+
+def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
+    """``cfg.policy`` (``module:QualName`` of an ``nn.Module`` class) built as ``cls(obs_shape, action_spec, cfg)``."""
+    import importlib
+    module_name, _, qualname = cfg.policy.partition(":")
+    try:
+        cls = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+    except (ImportError, AttributeError) as e:
+        from fastrl.config import UserError
+        raise UserError(f"policy {cfg.policy!r} cannot be imported ({type(e).__name__}: {e}); name a module-level "
+                        "nn.Module class as module:ClassName, importable on PYTHONPATH") from None
+    return cls(tuple(obs_shape), action_spec, cfg)
 
 
 def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
                channels_last: bool = False) -> nn.Module:
-    """The actor-critic ``cfg.encoder`` asks for. ``obs_scale`` None: 1/255 for image observations."""
+    """The actor-critic ``cfg.policy`` names (a custom class), else the one ``cfg.encoder`` asks for (a Dict env's:
+    ``DictActorCritic``). ``obs_scale`` None: 1/255 for image observations."""
+    if getattr(cfg, "policy", ""):
+        return custom_policy(cfg, obs_shape, action_spec)
+    from fastrl.envs import observation_layout
+    layout = observation_layout(cfg, tuple(obs_shape)) if hasattr(cfg, "env_backend") else None
+    if layout is not None:
+        return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
     encoder = resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape), getattr(cfg, "env", ""))
     if encoder == "mlp":
-        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std)
+        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std,
+                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()))
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
                             cfg.init_log_std, channels_last)

@@ -1,9 +1,9 @@
 """Learning curves from run directories: ``fastrl plot RUN [RUN ...]`` and the ``learning_curve.png`` of every run.
 
 One PNG, two panels: the mean return of the last 100 training episodes (``charts/episodic_return``) against env
-steps and against wall seconds (``time/elapsed_s``), with the deterministic evaluations (``eval/return_mean`` ±
-``eval/return_std``, periodic and final) marked. Several runs share the axes, one colour per run, named in the
-legend. Reads ``metrics.jsonl`` (and ``summary.json`` for the title). matplotlib is imported only here, and only
+steps and against wall seconds (``time/elapsed_s``), with the evaluations (``eval/return_mean`` ±
+``eval/return_std``, periodic and final) marked. Several runs of one env share the axes, one colour per run, named
+in the legend; runs of different envs get a row of panels each. Reads ``metrics.jsonl`` (and ``summary.json`` for the title). matplotlib is imported only here, and only
 its Agg canvas: no display is needed and the process-wide backend is left alone.
 """
 from __future__ import annotations
@@ -94,25 +94,21 @@ def _summary(run_dir: Path) -> dict:
         return {}
 
 
-def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = None):
-    """The matplotlib Figure (on an Agg canvas) of ``run_dirs``' learning curves: panels ``[by steps, by wall]``.
+def _env_of(run_dir: Path) -> str:
+    """The env a run trained on: summary.json's, else config.yaml's, else "" (unknown)."""
+    env = _summary(run_dir).get("env")
+    if not env:
+        try:
+            import yaml
+            env = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
+        except (OSError, ValueError, AttributeError, ImportError):
+            env = None
+    return str(env or "")
 
-    Raises UserError for a directory without ``metrics.jsonl`` and ImportError when matplotlib is missing.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
 
-    run_dirs = [Path(p) for p in run_dirs]
-    rows = [read_rows(p) for p in run_dirs]
-    data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
-    bands = [member_bands(run_rows) for run_rows in rows]
-    names = names or _run_names(run_dirs)
-    fig = Figure(figsize=(12, 4.5), layout="constrained")
-    FigureCanvasAgg(fig)
-    by_steps, by_wall = fig.subplots(1, 2, sharey=True)
-    colors = [f"C{i % 10}" for i in range(len(run_dirs))]
-    color_index = len(run_dirs)
+def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) -> tuple[int, bool]:
+    """Draw runs on one pair of axes. Returns the next free colour index and whether evaluation points were drawn."""
+    drew_eval = False
     for curve, name, color, run_bands in zip(data, names, colors, bands):
         if run_bands:  # a population: per variant, the members' mean with a min-max band; x = steps per member
             for variant, band in run_bands.items():
@@ -126,27 +122,59 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
                     by_wall.plot([b[1] for b in band], [b[2] for b in band], color=band_color, lw=1.5)
                     by_wall.fill_between([b[1] for b in band], [b[3] for b in band], [b[4] for b in band],
                                          color=band_color, alpha=0.2, lw=0)
-            continue
+            continue  # its evaluation rows count all members' steps, not a member's: not drawn on these axes
         for ax, x in ((by_steps, 0), (by_wall, 1)):
             if x == 1 and not curve["timed"]:
                 continue  # a run logged before time/elapsed_s: steps only
             ax.plot([p[x] for p in curve["train"]], [p[2] for p in curve["train"]], color=color, lw=1.5, label=name)
             if curve["eval"]:
+                drew_eval = True
                 ax.errorbar([p[x] for p in curve["eval"]], [p[2] for p in curve["eval"]],
                             yerr=[p[3] for p in curve["eval"]], fmt="o", color=color, ms=5, capsize=3, lw=1)
-    by_steps.set_xlabel("env steps (per member, for a population)" if any(bands) else "env steps")
-    by_wall.set_xlabel("wall time (s)")
-    by_steps.set_ylabel("mean episode return (last 100 episodes)")
-    for ax in (by_steps, by_wall):
-        ax.grid(alpha=0.3)
-    handles, labels = by_steps.get_legend_handles_labels()
-    if any(curve["eval"] for curve in data):
-        handles.append(Line2D([], [], color="0.3", marker="o", ls="none", label="evaluation (mean ± std)"))
-        labels.append("evaluation (mean ± std)")
-    if handles:
-        by_steps.legend(handles, labels, fontsize="small", loc="best")
-    envs = sorted({s["env"] for s in map(_summary, run_dirs) if s.get("env")})
-    fig.suptitle(", ".join(envs) if envs else "learning curves")
+    return color_index, drew_eval
+
+
+def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = None):
+    """The matplotlib Figure (on an Agg canvas) of ``run_dirs``' learning curves: per env, one row of panels
+    ``[by steps, by wall]`` (runs of different envs never share axes).
+
+    Raises UserError for a directory without ``metrics.jsonl`` and ImportError when matplotlib is missing.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    run_dirs = [Path(p) for p in run_dirs]
+    rows = [read_rows(p) for p in run_dirs]
+    data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
+    bands = [member_bands(run_rows) for run_rows in rows]
+    names = names or _run_names(run_dirs)
+    colors = [f"C{i % 10}" for i in range(len(run_dirs))]
+    groups: dict = {}
+    for i, run_dir in enumerate(run_dirs):
+        groups.setdefault(_env_of(run_dir), []).append(i)
+    fig = Figure(figsize=(12, 4.5 * len(groups)), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(groups), 2, sharey="row", squeeze=False)
+    color_index = len(run_dirs)
+    for (env, members), (by_steps, by_wall) in zip(groups.items(), axes):
+        pick = lambda items: [items[i] for i in members]  # noqa: E731
+        color_index, drew_eval = _draw_runs(by_steps, by_wall, pick(data), pick(bands), pick(names), pick(colors),
+                                            color_index)
+        by_steps.set_xlabel("env steps (per member, for a population)" if any(pick(bands)) else "env steps")
+        by_wall.set_xlabel("wall time (s)")
+        by_steps.set_ylabel("mean episode return (last 100 episodes)")
+        for ax in (by_steps, by_wall):
+            ax.grid(alpha=0.3)
+        if len(groups) > 1:
+            by_steps.set_title(env or "env unknown", loc="left")
+        handles, labels = by_steps.get_legend_handles_labels()
+        if drew_eval:
+            handles.append(Line2D([], [], color="0.3", marker="o", ls="none", label="evaluation (mean ± std)"))
+            labels.append("evaluation (mean ± std)")
+        if handles:
+            by_steps.legend(handles, labels, fontsize="small", loc="best")
+    fig.suptitle(next(iter(groups)) or "learning curves" if len(groups) == 1 else "learning curves")
     return fig
 
 

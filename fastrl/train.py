@@ -137,6 +137,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
     """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary."""
     from fastrl import distributed
     from fastrl.checkpoint import list_checkpoints, load_checkpoint
+    from fastrl.console import adjustments, say
     from fastrl.loop import run_loop
     from fastrl.preflight import check_run
     from fastrl.rundir import agree_run_dir, mark_running, release_run_dir, remove_leftovers, restart_count, rewind_logs
@@ -149,7 +150,12 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
             remove_leftovers(run_dir)
         if resume_state is None and restart_count() > 0 and list_checkpoints(run_dir / "checkpoints"):
             resume_state = load_checkpoint(run_dir)  # a torchrun restart reloads the run's newest checkpoint
+        if dist_info.is_main:
+            say(cfg, f"run directory {run_dir}")
         trainer = make_trainer(cfg, dist_info, device)
+        if dist_info.is_main:
+            for note in adjustments(cfg, trainer):
+                say(cfg, f"note: {note}")
         if resume_state is not None:
             _load_resume_state(trainer, resume_state, run_dir)
             if dist_info.is_main:
@@ -213,7 +219,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
     if summary.get("run_dir"):
-        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
+        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
+                                         "run_dir")}
         print(json.dumps(shown))
     return 0
 

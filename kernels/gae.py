@@ -79,14 +79,15 @@ def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None
     """Advantages and value targets by GAE (see the module docstring for the recursion).
 
     Args:
-        reward, value, next_value: float32/bfloat16/float16 ``[T, *B]`` (time first, any batch dims).
+        reward, value, next_value: float32/bfloat16/float16 ``[T, *B]`` (time first, any batch dims); float64
+            ones are computed and returned in float64 by the reference twin (the fast kernels run in float32).
         done, terminated: bool or 0/1 float ``[T, *B]``; ``done`` = terminated or truncated.
         gamma, lam: Python floats or 0-d tensors, each in [0, 1] (anything else is a ValueError).
         backend: None picks Triton for CUDA tensors and the C kernel for CPU tensors. "reference",
             "torch", "cpu" or "triton" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
 
     Returns:
-        ``(advantage, value_target)``, float32 ``[T, *B]``, not differentiable. Inside ``torch.compile``
+        ``(advantage, value_target)``, float32 ``[T, *B]`` (float64 when an input is), not differentiable. Inside ``torch.compile``
         this is the registered op ``torch.ops.fastrl_kernels.gae`` (no graph break).
     """
     check_backend(_OP, backend, _backend.BACKENDS)
@@ -96,6 +97,8 @@ def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None
     check_range(_OP, "gamma", gamma, 0.0, 1.0)
     check_range(_OP, "lam", lam, 0.0, 1.0)
     args = [x.detach() for x in tensors.values()]
+    if any(x.dtype == torch.float64 for x in args[:3]):  # a float64 caller asked for float64 precision: keep it
+        return gae_reference(*args, gamma, lam)
     if backend is None and _backend.compiling():
         return _gae_op(*args, gamma, lam)
     return _run(_backend.resolve(_OP, backend, device), *args, gamma, lam)

@@ -19,7 +19,7 @@ os.environ.setdefault("WANDB_DISABLE_GIT", "true")
 warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
 
 # Flags every training test passes unless it is testing those outputs.
-QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false"]
+QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]
 
 # The summary.json schema every algorithm's run writes (the one run loop); IMPALA/APPO add their own extras.
 SUMMARY_KEYS = {"algo", "env", "seed", "total_steps", "wall_time_s", "sps", "episode_return_mean", "episodes",

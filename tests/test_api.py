@@ -103,7 +103,7 @@ def test_train_load_predict_evaluate_in_under_ten_lines(tmp_path):
 import fastrl, json, numpy as np
 run = fastrl.train(env="CartPole-v1", total_steps=2048, eval_episodes=2, eval_seeds=1, progress=False, wandb="disabled")
 agent = fastrl.load(run.run_dir)
-action = agent.predict(np.zeros(4))
+action = agent.act(np.zeros(4))
 returns = agent.evaluate(episodes=3)
 print(json.dumps({"run_dir": str(run.run_dir), "steps": run.summary["total_steps"], "action": action.tolist(),
                   "action_type": type(action).__name__, "dtype": str(action.dtype), "returns": returns.tolist()}))
@@ -144,7 +144,7 @@ def test_learns_a_custom_env_given_as_a_class_or_a_factory(kind, tmp_path):
     else:
         assert summary["env"].startswith("test_api:") and "<lambda>" in summary["env"]
     agent = fastrl.load(tmp_path / "seed1", env=env)  # a saved module:Name env is rebuilt only when passed
-    assert agent.evaluate(episodes=4).mean() >= 0.0 and agent.predict(np.eye(N_TARGETS)).shape == (N_TARGETS,)
+    assert agent.evaluate(episodes=4).mean() >= 0.0 and agent.act(np.eye(N_TARGETS)).shape == (N_TARGETS,)
 
 
 def test_cli_trains_a_module_id_env(tmp_path):
@@ -170,6 +170,32 @@ def test_impala_actors_rebuild_a_custom_env_by_name(tmp_path):
                        eval_seeds=1, run_dir=str(tmp_path / "impala"), **QUIET)
     assert run.summary["env"] == "fastrl_match_env:MatchTarget" and run.summary["total_steps"] >= 512
     assert run.summary["eval_return_mean"] is not None
+
+
+def test_impala_from_a_script_without_a_main_guard_is_one_line(tmp_path):
+    """A real script that calls fastrl.train(algo="impala") at import: each spawned actor re-imports it and would start
+    a run of its own; instead the actor exits at once and the run raises one line saying to add the guard. With the
+    guard, the same script trains."""
+    body = """
+        import fastrl
+        {indent}run = fastrl.train(env="CartPole-v1", algo="impala", total_steps=512, n_actors=1, n_slots=2, n_envs=4,
+        {indent}                   n_steps=16, eval_episodes=0, run_dir="run", progress=False, wandb="disabled",
+        {indent}                   tensorboard=False, plot=False)
+        {indent}print("trained", run.summary["total_steps"])
+    """
+    script = tmp_path / "no_guard.py"
+    script.write_text(textwrap.dedent(body.format(indent="")))
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0 and "trained" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("fastrl.config.UserError: ") and 'put the call under if __name__ == "__main__":' in last
+    guarded = textwrap.dedent(body.format(indent="    ")).replace("import fastrl\n", "import fastrl\nif __name__ == \"__main__\":\n", 1)
+    (tmp_path / "guarded").mkdir()
+    (tmp_path / "guarded" / "guarded.py").write_text(guarded)
+    proc = subprocess.run([sys.executable, "guarded.py"], cwd=tmp_path / "guarded", env=subprocess_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
 
 
 def test_env_names_and_the_factory_registry():
@@ -251,17 +277,17 @@ def cartpole_agent(tmp_path_factory):
 def test_predict_one_observation_or_a_batch_numpy_or_torch(cartpole_agent):
     agent = cartpole_agent
     assert agent.observation_shape == (4,)
-    one = agent.predict(np.array([0.01, -0.02, 0.03, 0.04]))  # float64 in
+    one = agent.act(np.array([0.01, -0.02, 0.03, 0.04]))  # float64 in
     assert isinstance(one, np.ndarray) and one.shape == () and one.dtype == np.int64 and int(one) in (0, 1)
-    batch = agent.predict(np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32))
+    batch = agent.act(np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32))
     assert isinstance(batch, np.ndarray) and batch.shape == (5,) and set(batch.tolist()) <= {0, 1}
-    assert agent.predict([0.0, 0.0, 0.0, 0.0]).shape == ()  # a list
-    assert agent.predict(np.zeros((3, 4), dtype=np.int32)).shape == (3,)  # any numeric dtype
-    tensor_one = agent.predict(torch.zeros(4, dtype=torch.float64))
+    assert agent.act([0.0, 0.0, 0.0, 0.0]).shape == ()  # a list
+    assert agent.act(np.zeros((3, 4), dtype=np.int32)).shape == (3,)  # any numeric dtype
+    tensor_one = agent.act(torch.zeros(4, dtype=torch.float64))
     assert torch.is_tensor(tensor_one) and tensor_one.shape == () and tensor_one.dtype == torch.int64
-    tensor_batch = agent.predict(torch.zeros(6, 4, dtype=torch.float16))
+    tensor_batch = agent.act(torch.zeros(6, 4, dtype=torch.float16))
     assert torch.is_tensor(tensor_batch) and tensor_batch.shape == (6,)
-    sampled = agent.predict(np.zeros((64, 4)), deterministic=False)
+    sampled = agent.act(np.zeros((64, 4)), deterministic=False)
     assert sampled.shape == (64,) and set(sampled.tolist()) <= {0, 1}
 
 
@@ -273,7 +299,7 @@ def test_predict_applies_the_saved_observation_normalizer(cartpole_agent):
     obs = torch.tensor(np.random.default_rng(1).normal(size=(256, 4)) * [1.0, 2.0, 0.2, 2.0], dtype=torch.float32)
     normalized = ((obs.double() - obs_rms["mean"]) / torch.sqrt(obs_rms["var"] + 1e-8)).clamp(-10, 10).float()
     expected = agent.policy.act_deterministic(normalized)
-    assert torch.equal(agent.predict(obs), expected)
+    assert torch.equal(agent.act(obs), expected)
 
 
 @pytest.mark.parametrize("bad_shape", [(3,), (2, 3), (2, 2, 4), ()])
@@ -286,9 +312,9 @@ def test_predict_continuous_actions_stay_in_bounds(tmp_path):
     run = fastrl.train(env="Pendulum-v1", total_steps=64, n_envs=2, n_steps=16, eval_episodes=0, init_log_std=2.0,
                        run_dir=str(tmp_path / "pendulum"), **QUIET)
     agent = run.agent
-    one = agent.predict(np.array([1.0, 0.0, 0.5]))
+    one = agent.act(np.array([1.0, 0.0, 0.5]))
     assert one.shape == (1,) and one.dtype == np.float32
-    wild = agent.predict(np.full((8, 3), 1e3), deterministic=False)
+    wild = agent.act(np.full((8, 3), 1e3), deterministic=False)
     assert wild.shape == (8, 1) and np.all(np.abs(wild) <= 2.0)
     returns = agent.evaluate(episodes=2)
     assert returns.shape == (2,) and returns.dtype == np.float64 and np.all(returns < 0)
@@ -300,10 +326,53 @@ def test_config_dict_and_resume_from_python(tmp_path):
     first = fastrl.train(config={"env": "CartPole-v1", "n_envs": 2, "n_steps": 16, "total_steps": 999}, total_steps=64,
                          eval_episodes=0, run_dir=str(run_dir), **QUIET)
     assert first.summary["total_steps"] == 64 and first.summary["env"] == "CartPole-v1"
-    second = fastrl.train(resume=str(run_dir), total_steps=128, **QUIET)
+    second = fastrl.train(resume=run_dir, total_steps=128, **QUIET)  # a Path, as Run.run_dir is
     assert second.run_dir == run_dir and second.summary["resumed_from_step"] == 64
     assert second.summary["total_steps"] == 128 and second.agent.path.name == "ckpt_000000000128.pt"
     assert "did you mean" in one_line_error(fastrl.train, env="CartPole-v1", total_step=10)
+    assert one_line_error(fastrl.train, learning_rate=1e-3).endswith("did you mean lr?")
+    assert one_line_error(fastrl.train, n_timesteps=10).endswith("did you mean total_steps?")
+
+
+def test_predict_returns_what_stable_baselines3_returns(cartpole_agent):
+    """``action, _ = agent.predict(obs)`` unpacks the same for one observation and a batch of two (a bare array of
+    two actions would silently unpack into action[0], action[1])."""
+    agent = cartpole_agent
+    batch = np.random.default_rng(2).normal(size=(2, 4)).astype(np.float32)
+    action, state = agent.predict(batch)
+    assert state is None and np.array_equal(action, agent.act(batch)) and action.shape == (2,)
+    action, state = agent.predict(batch[0], state=None, episode_start=np.ones(1, dtype=bool), deterministic=True)
+    assert state is None and action.shape == () and action == agent.act(batch[0])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_act_refuses_non_finite_observations_unless_asked(cartpole_agent, bad):
+    obs = np.zeros((3, 4), dtype=np.float32)
+    obs[1, 2] = bad
+    assert "NaN or Inf" in one_line_error(cartpole_agent.act, obs)
+    assert "check_finite=False" in one_line_error(cartpole_agent.predict, torch.from_numpy(obs))
+    assert cartpole_agent.act(obs, check_finite=False).shape == (3,)
+
+
+def test_save_to_one_file_load_it_and_train_it_further(tmp_path, cartpole_agent):
+    """``Agent.save`` writes one self-contained file that ``fastrl.load`` reads anywhere (no run directory beside it);
+    ``learn(steps)`` continues it, step count and optimizer included, in a new run directory."""
+    agent = cartpole_agent
+    saved = agent.save(tmp_path / "elsewhere" / "agent.pt")
+    assert [p.name for p in saved.parent.iterdir()] == ["agent.pt"]
+    loaded = fastrl.load(str(saved))
+    obs = np.random.default_rng(3).normal(size=(16, 4))
+    assert np.array_equal(loaded.act(obs), agent.act(obs)) and loaded.global_step == agent.global_step == 128
+    for a, b in zip(loaded.policy.parameters(), agent.policy.parameters()):
+        assert torch.equal(a, b)
+    before = [p.detach().clone() for p in loaded.policy.parameters()]
+    run = loaded.learn(64, run_dir=tmp_path / "more", **QUIET, eval_episodes=0)
+    assert run.run_dir == tmp_path / "more" and run.summary["resumed_from_step"] == 128
+    assert run.summary["total_steps"] == 192 and loaded.global_step == 192
+    assert any(not torch.equal(a, b) for a, b in zip(before, loaded.policy.parameters())), "it trained"
+    assert loaded.path == run.run_dir / "checkpoints" / "ckpt_000000000192.pt"
+    assert "already holds a run" in one_line_error(loaded.learn, 64, run_dir=tmp_path / "more")
+    assert "positive int" in one_line_error(loaded.learn, 0)
 
 
 def test_load_errors_are_one_line(tmp_path, cartpole_agent):

@@ -39,6 +39,26 @@ def test_run_reports_a_failing_part_and_goes_on(monkeypatch, capsys):
     assert "FAILED" in out and "bad" in out
 
 
+def test_bench_writes_to_an_output_directory_never_the_committed_results(monkeypatch, tmp_path, capsys):
+    """Default: ``bench-results`` under the current directory, for the scripts (``default_out``) and the report."""
+    from benchmarks import common
+    monkeypatch.setattr(common, "RESULTS_DIR", common.RESULTS_DIR)  # restored after the test
+    committed = common.RESULTS_DIR
+    calls = []
+    monkeypatch.setattr(run, "PARTS", {"probe": [("benchmarks.report", ["--help"])]})
+    monkeypatch.setattr(run, "DEFAULT_PARTS", ("probe",))
+    monkeypatch.setattr(run, "_run_script", lambda m, a: calls.append((m, a, common.default_out("x"))) or 0)
+    monkeypatch.chdir(tmp_path)
+    assert run.main([]) == 0
+    out_dir = tmp_path / "bench-results"
+    (_, _, script_out), (report, report_argv, _) = calls
+    assert script_out.parent.parent == out_dir and committed not in script_out.parents
+    assert report == "benchmarks.report" and report_argv == ["--results", str(out_dir), "--out", str(out_dir / "RESULTS.md")]
+    calls.clear()
+    assert run.main(["--out-dir", str(tmp_path / "mine"), "--no-report"]) == 0
+    assert calls[0][2].parent.parent == tmp_path / "mine"
+
+
 # ---------------------------------------------------------------------------------------------- report.py
 def _curve(n, final, wall_per_step):
     return [[1000 * (i + 1), 1000 * (i + 1) * wall_per_step, final * (i + 1) / n] for i in range(n)]

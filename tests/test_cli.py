@@ -106,6 +106,29 @@ def test_train_then_eval_real_checkpoint(tmp_path):
     assert main(["eval", str(run_dir), "--episodes", "0"]) == 2
 
 
+def test_eval_stochastic_and_caps_reach_the_evaluation(tmp_path, monkeypatch, capsys):
+    """``--stochastic`` samples, ``--max-episode-steps``/``--max-steps`` cap (CartPole: return = steps, and an untrained
+    policy's episodes outlast 4 steps); a cut is said in one line."""
+    import fastrl.evaluate
+    from fastrl.cli import main
+    run_dir = tmp_path / "run"
+    proc = _run(["-m", "fastrl", "train", "--n-envs", "4", "--n-steps", "32", "--n-minibatches", "2", "--n-epochs", "1",
+                 "--total-steps", "128", "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET])
+    assert proc.returncode == 0, proc.stderr
+    seen, play = [], fastrl.evaluate.play_first_episodes
+    monkeypatch.setattr(fastrl.evaluate, "play_first_episodes",
+                        lambda agent, env, device, max_steps, deterministic, *rest: seen.append(deterministic)
+                        or play(agent, env, device, max_steps, deterministic, *rest))
+    for flags, max_steps in ((["--stochastic", "--max-episode-steps", "4"], 4), (["--max-steps", "6"], 3)):
+        capsys.readouterr()
+        assert main(["eval", str(run_dir), "--episodes", "2", "--seeds", "1", "--json", *flags]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["returns"] == [float(max_steps)] * 2
+        assert f"evaluation: cut 2 of 2 episodes at {max_steps} steps" in err
+    assert seen == [False, True]
+    assert main(["eval", str(run_dir), "--stochastic", "--deterministic"]) == 2
+
+
 def test_readme_test_command_is_what_ci_runs_and_is_pinned():
     """The README's set-up/test command is the one .ci/run runs, and it installs through constraints.txt, which
     pins every dependency that pyproject.toml names (base and dev)."""
@@ -300,7 +323,9 @@ def test_configs_are_package_data():
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} would not be installed"
     # every package folder, named as it installs (a package-dir mapping renames its folder: kernels -> fastrl.kernels)
     installed_as = {folder: name for name, folder in setuptools_cfg["package-dir"].items()}
-    folders = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py") if "tests" not in p.parts}
+    folders = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py")
+               if "tests" not in p.parts and "benchmarks" not in p.parts}  # benchmarks/: checkout only, not installed
     packages = {installed_as.get(folder, folder.replace("/", ".")) for folder in folders}
     assert packages <= set(setuptools_cfg["packages"]), f"packages missing from pyproject: {packages}"
+    assert {name.split(".")[0] for name in setuptools_cfg["packages"]} == {"fastrl"}, "the only top-level name is fastrl"
     assert setuptools_cfg["package-dir"]["fastrl.kernels"] == "kernels" and "kernels" not in setuptools_cfg["packages"]

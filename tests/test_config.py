@@ -2,6 +2,7 @@
 import math
 import re
 import typing
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,13 +34,16 @@ def test_coercion_of_strings_and_dashes():
     assert isinstance(cfg.gamma, float) and isinstance(cfg.total_steps, int)
 
 
-@pytest.mark.parametrize("key, suggestion", [("n_env", "n_envs"), ("learning_rate", None), ("gama", "gamma"),
-                                             ("n-minibatch", "n_minibatches")])
+@pytest.mark.parametrize("key, suggestion", [("n_env", "n_envs"), ("learning_rate", "lr"), ("gama", "gamma"),
+                                             ("n-minibatch", "n_minibatches"), ("n_timesteps", "total_steps"),
+                                             ("total_timesteps", "total_steps"), ("num_envs", "n_envs"),
+                                             ("batch_size", "n_minibatches (the minibatch size is"),
+                                             ("cuda", "device=cuda"), ("xyzzy", None)])
 def test_unknown_key_suggests(key, suggestion):
     message = one_line_error(make_config, {key: 1})
     assert "unknown config key" in message
     if suggestion:
-        assert f"did you mean {suggestion}" in message or suggestion in message
+        assert f"did you mean {suggestion}" in message
     else:
         assert "--help" in message or "did you mean" in message
 
@@ -91,6 +95,20 @@ def test_yaml_precedence(tmp_path):
     assert cfg.n_envs == 4 and cfg.gamma == 0.9  # YAML beats default
     assert cfg.n_steps == Config.n_steps
     assert parse_cli([]) == make_config()
+
+
+def test_yaml_keys_get_the_flags_hints(tmp_path):
+    """A YAML key spelled as SB3/CleanRL spell it names the key meant, as an unknown flag does."""
+    path = tmp_path / "sb3.yaml"
+    path.write_text("learning_rate: 0.001\n")
+    assert one_line_error(make_config, yaml_path=str(path)).endswith("did you mean lr?")
+    path.write_text("n_timesteps: 1000\n")
+    assert one_line_error(make_config, yaml_path=str(path)).endswith("did you mean total_steps?")
+
+
+def test_paths_are_accepted_where_strings_are(tmp_path):
+    cfg = make_config({"run_dir": tmp_path / "run", "resume": Path("x")})
+    assert cfg.run_dir == str(tmp_path / "run") and cfg.resume == "x"
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -113,3 +113,49 @@ def test_play_first_episodes_counts_nothing_after_the_first_episode():
     env.close()
     assert returns.tolist() == [_one_env_return(cfg, policy, eval_seed(cfg.seed) + i) for i in range(2)]
     assert min(returns.tolist()) < 500.0 == max(returns.tolist()), returns
+
+
+def test_per_evaluation_cap_cuts_every_env_and_says_so(capsys):
+    """``max_total_steps`` counts every env of the batch: 60 steps over 6 envs are 10 steps each; a balancing pole
+    (return = steps) scores exactly 10 everywhere, and one stderr line says what was cut."""
+    cfg = _cfg()
+    stats = {}
+    returns = evaluate(LeanPolicy(BALANCING), cfg, None, 3, 2, CPU, max_total_steps=60, stats=stats)
+    assert returns.tolist() == [10.0] * 6 and stats == {"steps": 10, "cut": 6}
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and "cut 6 of 6 episodes at 10 steps" in lines[0], lines
+
+
+def test_caps_and_action_rule_default_to_the_config():
+    """None takes ``eval_max_episode_steps``, ``eval_max_steps`` and ``eval_deterministic`` from the config."""
+    policy = LeanPolicy(BALANCING)
+    assert evaluate(policy, _cfg(eval_max_episode_steps=7), None, 2, 1, CPU).tolist() == [7.0, 7.0]
+    assert evaluate(policy, _cfg(eval_max_steps=8), None, 2, 1, CPU).tolist() == [4.0, 4.0]
+    torch.manual_seed(0)
+    sampled = evaluate(policy, _cfg(eval_deterministic=False), None, 4, 1, CPU)
+    torch.manual_seed(0)
+    assert torch.equal(sampled, evaluate(policy, _cfg(), None, 4, 1, CPU, deterministic=False))
+    assert sampled.max() < 500, "sampled actions (half flipped) drop the pole"
+
+
+def test_stop_signal_ends_the_evaluation_between_two_steps():
+    from fastrl.evaluate import EvaluationStopped
+    asked = []
+
+    def should_stop():
+        asked.append(1)
+        return len(asked) > 3
+
+    with pytest.raises(EvaluationStopped):
+        evaluate(LeanPolicy(BALANCING), _cfg(), None, 2, 1, CPU, should_stop=should_stop)
+    assert len(asked) == 4, "checked before every step, stopped at the first true"
+
+
+def test_a_labelled_evaluation_reports_progress(capsys, monkeypatch):
+    import fastrl.evaluate
+    monkeypatch.setattr(fastrl.evaluate, "PROGRESS_EVERY_S", 0.0)
+    evaluate(LeanPolicy(BALANCING), _cfg(), None, 2, 1, CPU, max_steps=3, label="final evaluation")
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:2] == ["fastrl: final evaluation: 0/2 episodes done after 1 steps (0 s)",
+                         "fastrl: final evaluation: 0/2 episodes done after 2 steps (0 s)"], lines
+    assert "cut 2 of 2 episodes at 3 steps" in lines[-1]

@@ -16,7 +16,7 @@ import fastrl.logger
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.train import main
 
-QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false"]
+QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]
 
 
 def _children(pid: int) -> set[int]:

@@ -64,6 +64,18 @@ def test_mixed_dtypes_and_tensor_scalars():
     _check(kernels.gae(*gae_args(x), gamma, lam), kernels.gae_reference(*to_float64(gae_args(x)), GAMMA, LAM))
 
 
+@pytest.mark.parametrize("backend", [None, "cpu", "torch"])
+def test_gae_keeps_float64_inputs_float64(backend):
+    """Float64 in, float64 out, exactly the reference twin's figures (no rounding through float32)."""
+    x = scan_inputs((17, 3), 0.3, seed=8)
+    args = to_float64(gae_args(x))
+    adv, target = kernels.gae(*args, GAMMA, LAM, backend=backend)
+    want_adv, want_target = kernels.gae_reference(*args, GAMMA, LAM)
+    assert adv.dtype == target.dtype == torch.float64
+    assert torch.equal(adv, want_adv) and torch.equal(target, want_target)
+    assert not torch.equal(adv, adv.float().double()), "precondition: the figures need float64"
+
+
 def test_gae_hand_computed():
     # one env, 3 steps: a truncation at t=0 (bootstrap from next_value), a termination at t=2
     reward = torch.tensor([[1.0], [0.0], [2.0]])

@@ -105,6 +105,36 @@ def test_figure_shares_axes_across_runs_with_a_legend_by_run_name(runs):
     assert marked == [([r["global_step"] for r in evals], [r["eval/return_mean"] for r in evals])], "one run evaluated"
 
 
+def test_runs_of_different_envs_get_their_own_axes(runs, tmp_path):
+    """A run of another env is drawn on a row of its own; a row whose runs were not evaluated has no evaluation
+    entry in its legend."""
+    import shutil
+    shown, bare = runs
+    other = tmp_path / "other"
+    shutil.copytree(bare, other)
+    summary = json.loads((other / "summary.json").read_text())
+    (other / "summary.json").write_text(json.dumps({**summary, "env": "Acrobot-v1"}))
+    fig = learning_curve_figure([shown, other, bare])
+    assert len(fig.axes) == 4
+    legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes[::2]]
+    assert legends == [["shown", "bare", "evaluation (mean ± std)"], ["other"]]
+    assert [ax.get_title(loc="left") for ax in fig.axes[::2]] == ["CartPole-v1", "Acrobot-v1"]
+
+
+def test_a_population_gets_no_empty_evaluation_legend_entry(tmp_path):
+    """A population's evaluation rows count all members' steps, so its axes (steps per member) show no evaluation
+    points, and so no evaluation legend entry."""
+    run = tmp_path / "pop"
+    run.mkdir()
+    rows = [{"global_step": 256 * k, "time/elapsed_s": float(k), "charts/episodic_return": 10.0 * k} for k in (1, 2)]
+    rows += [{"global_step": 256 * k, "member": m, "member_step": 128 * k, "time/elapsed_s": float(k),
+              "charts/episodic_return": 10.0 * k + m} for k in (1, 2) for m in (0, 1)]
+    rows.append({"global_step": 512, "eval/return_mean": 30.0, "eval/return_std": 1.0})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    fig = learning_curve_figure([run])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == ["pop (member mean, band: min-max)"]
+
+
 def test_fastrl_plot_command(runs, tmp_path, capsys):
     from fastrl.cli import main
     shown, bare = runs

@@ -151,7 +151,7 @@ def test_channels_last_frames_are_refused(encoder):
     """A [H, W, C] image (96x96 RGB) read as [C, H, W] would be a 3-pixel-wide grid of 96 channels."""
     message = one_line_error(check_model, make_config({"encoder": encoder}), (96, 96, 3), torch.uint8)
     assert "channels-last" in message and "--encoder mlp" in message
-    assert f"encoder={encoder}" in message and (encoder != "auto" or "(here minigrid_cnn)" in message)
+    assert f"encoder={encoder}" in message and (encoder != "auto" or "(here small_cnn)" in message)
     check_model(make_config({"encoder": "mlp"}), (96, 96, 3), torch.uint8)
 
 
