@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fastrl.models import ActorCritic, categorical_logp_entropy, categorical_sample, gaussian_logp_entropy
+from fastrl.models import ActorCritic, action_logp_entropy
 
 
 class AgentMethod(nn.Module):
@@ -131,17 +131,17 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
         return value
     actor = critic if agent.shared_trunk else _members_sequential(layout, views, agent.actor_trunk, x)
     out = _members_linear(layout, views, agent.policy_head, actor)
-    if agent.discrete:
-        if action is None:
-            action = categorical_sample(out, noise)
-        logp, entropy = categorical_logp_entropy(out, action)
-        return action, logp, entropy, value
-    log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1)  # [K, 1, A]
-    if action is None:
-        action = out.float() + noise * log_std.exp()
-    action = action.reshape(out.shape)
-    logp, entropy = gaussian_logp_entropy(out, log_std, action)
-    return action.reshape(*out.shape[:2], *agent.action_spec.shape), logp, entropy, value
+    k, b = out.shape[:2]
+    # The action distribution row by row, as the module's (members and rows flattened together; a member's log_std
+    # repeated over its rows).
+    log_std = None
+    if not agent.discrete:
+        log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1).expand(k, b, -1).reshape(k * b, -1)
+    action, logp, entropy = action_logp_entropy(
+        out.reshape(k * b, -1), agent.action_spec, log_std,
+        None if action is None else action.reshape(k * b, *action.shape[2:]),
+        None if noise is None else noise.reshape(k * b, -1))
+    return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
 
 
 class MemberPolicy:
