@@ -334,6 +334,9 @@ class RayActorPool:
         import ray
         try:
             result = ray.get(ref)
+        except ray.exceptions.ObjectLostError as e:  # finished, but its node went before the learner fetched it
+            self._failed(actor_id, e)
+            return
         except ray.exceptions.RayActorError as e:
             if getattr(e, "actor_init_failed", False):  # its env or model cannot be built there: not a fault to ride out
                 raise RuntimeError(f"ray actor {actor_id} failed to start: {e}") from None

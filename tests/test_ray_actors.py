@@ -8,6 +8,7 @@ processes of those nodes only, never ``ray stop``, which would stop every Ray cl
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -217,6 +218,7 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         c.teardown()
+        shutil.rmtree(root, ignore_errors=True)
         if auth_mode is None:
             os.environ.pop("RAY_AUTH_MODE", None)
         else:
