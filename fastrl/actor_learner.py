@@ -44,6 +44,7 @@ import torch.multiprocessing as tmp
 
 from fastrl import impala
 from fastrl.loop import TrainerDefaults
+from fastrl.seeding import actor_env_seed, derived_seed, member_generator
 from fastrl.optim import annealed_lr, make_optimizer
 from fastrl.precision import autocast_factory, grad_scaler
 from fastrl.async_collect import GroupedRollout, RolloutViews
@@ -68,11 +69,6 @@ A_STEPS, A_ROLLOUTS, A_WAIT, A_ENV, A_POLICY, A_BEAT = range(6)
 POLL_S = 0.0005
 STARTUP_GRACE_S = 120.0  # an actor that has not yet sent its first heartbeat gets this long to start
 AUTO_SYNC_STEPS = 10_000
-
-
-def actor_env_seed(run_seed: int, actor_id: int, restart: int, n_actors: int, n_envs: int) -> int:
-    """Base env seed of an actor incarnation: distinct across actors, restarts and runs."""
-    return (run_seed * 100_003 + (actor_id + restart * n_actors) * n_envs) % (2**31 - 1)
 
 
 # ---------------------------------------------------------------------------------------------- slots
@@ -251,7 +247,7 @@ class RolloutCollector:
     def __init__(self, cfg: Config, actor_id: int, restart: int):
         torch.set_num_threads(1)
         warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once
-        torch.manual_seed(cfg.seed * 31 + 1_000 + actor_id + restart * cfg.n_actors)
+        torch.manual_seed(derived_seed(cfg.seed, "actor", 0, actor_id + restart * cfg.n_actors))
         env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
         seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs)
         self.grouped = None
@@ -504,8 +500,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         if cfg.max_policy_lag:  # weights must reach the actors before their rollouts all go stale
             auto = min(auto, max(1, cfg.max_policy_lag // 2))
         self.sync_interval = cfg.sync_interval or auto
-        self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(cfg.seed * 7919)
+        self.generator = member_generator(cfg.seed, "minibatch", 0, device)
         self.episodes = EpisodeStats(1)
         self.keys = list(self.batch.keys(include_nested=True, leaves_only=True))
         self.lag_totals = {"sum": 0.0, "count": 0, "max": 0, "dropped": 0}

@@ -25,6 +25,11 @@ def env_seed(run_seed: int, rank: int, n_envs: int) -> int:
     return ((run_seed + rank * 10_007) * n_envs) % (2**31 - 1)
 
 
+def actor_env_seed(run_seed: int, actor_id: int, restart: int, n_actors: int, n_envs: int) -> int:
+    """Base env seed of an IMPALA/APPO actor incarnation: distinct across actors, restarts and runs."""
+    return (run_seed * 100_003 + (actor_id + restart * n_actors) * n_envs) % (2**31 - 1)
+
+
 def derived_seed(seed: int, purpose: str, rank: int = 0, index: int = 0) -> int:
     """A 63-bit seed for one stream: ``purpose`` (action, minibatch, actor) of run ``seed`` on ``rank``
     (``index``: e.g. an actor's id and restart)."""
