@@ -213,10 +213,28 @@ class MemberEpisodeStats(EpisodeStats):
             self.record(returns, lengths)
 
 
+def import_envpool():
+    """``import envpool``, without the JAX import EnvPool makes for its optional XLA interface, which fastrl never
+    uses (about 1.5 s of start-up where JAX is installed): while EnvPool loads, ``import jax`` fails, which EnvPool
+    takes as "no XLA". A JAX the process already imported is left alone, and JAX imports normally afterwards."""
+    import sys
+    if "envpool" in sys.modules:
+        return sys.modules["envpool"]
+    blocked = "jax" not in sys.modules
+    if blocked:
+        sys.modules["jax"] = None  # a None entry makes `import jax` raise ImportError
+    try:
+        import envpool
+    finally:
+        if blocked and "jax" in sys.modules and sys.modules["jax"] is None:
+            del sys.modules["jax"]
+    return envpool
+
+
 @functools.lru_cache(maxsize=1)
 def envpool_ids() -> frozenset:
     try:
-        import envpool
+        envpool = import_envpool()
     except ImportError:
         return frozenset()
     return frozenset(envpool.list_all_envs())
@@ -261,7 +279,7 @@ def is_atari(env_id: str) -> bool:
     """An EnvPool Atari id (its spec has the Atari preprocessing options)."""
     if env_id not in envpool_ids() or is_procgen(env_id):
         return False
-    import envpool
+    envpool = import_envpool()
     return hasattr(envpool.make_spec(env_id).config, "episodic_life")
 
 
@@ -556,7 +574,7 @@ class BatchedEnv:
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
         env_kwargs = dict(env_kwargs or {})
         if self.backend == "envpool":
-            import envpool
+            envpool = import_envpool()
             if num_threads:
                 env_kwargs["num_threads"] = num_threads
             if is_procgen(lookup_id):

@@ -242,7 +242,29 @@ def resolve_encoder(name: str, obs_shape: tuple, env_id: str = "") -> str:
     return "nature_cnn" if side >= NATURE_CNN_MIN_SIDE else "small_cnn"
 
 
-class PixelActorCritic(nn.Module):
+class SharedFeatureHeads(nn.Module):
+    """Policy and value heads over one feature vector: a subclass defines ``_features(obs) -> [B, F]``,
+    ``policy_head``, ``value_head``, ``action_spec`` (and ``log_std`` for continuous actions)."""
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.value_head(self._features(obs)).squeeze(-1).float()
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             noise: torch.Tensor | None = None):
+        """See ``ActorCritic.get_action_and_value``."""
+        features = self._features(obs)
+        out = self.policy_head(features)
+        value = self.value_head(features).squeeze(-1).float()
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
+                                                    noise)
+        return action, logp, entropy, value
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
+
+
+class PixelActorCritic(SharedFeatureHeads):
     """A convolutional trunk shared by the policy and value heads; same API as ``ActorCritic``.
 
     ``obs [B, C, H, W]`` in any dtype (uint8 frames) is cast to float and scaled by ``obs_scale`` here, so
@@ -274,25 +296,9 @@ class PixelActorCritic(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.encoder(x)
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self._features(obs)).squeeze(-1).float()
-
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
-                             noise: torch.Tensor | None = None):
-        """See ``ActorCritic.get_action_and_value``."""
-        features = self._features(obs)
-        out = self.policy_head(features)
-        value = self.value_head(features).squeeze(-1).float()
-        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise)
-        return action, logp, entropy, value
-
-    @torch.no_grad()
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
 
 
-class DictActorCritic(nn.Module):
+class DictActorCritic(SharedFeatureHeads):
     """Dict observations, packed by the env into one float32 vector ``[B, D]`` (see ``fastrl.envs.pack_observation``):
     each image entry through its own conv encoder (chosen by its size, as ``encoder: auto`` chooses; scaled by its
     ``scale``, 1/255 for uint8), the vector entries together through an MLP trunk, the features concatenated and shared by
@@ -326,22 +332,6 @@ class DictActorCritic(nn.Module):
             pieces.append(self.vector_trunk(torch.cat(vectors, dim=1)))
         return torch.cat(pieces, dim=1)
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self._features(obs)).squeeze(-1).float()
-
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
-                             noise: torch.Tensor | None = None):
-        """See ``ActorCritic.get_action_and_value``."""
-        features = self._features(obs)
-        out = self.policy_head(features)
-        value = self.value_head(features).squeeze(-1).float()
-        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise)
-        return action, logp, entropy, value
-
-    @torch.no_grad()
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
 
 
 def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:

@@ -281,3 +281,18 @@ def test_unsupported_spaces_are_user_errors():
     # Gymnasium's Blackjack observes a Tuple: refused with a one-line error, not a crash.
     with pytest.raises(UserError, match="observation space Tuple"):
         BatchedEnv("Blackjack-v1", 2, seed=0, backend="gymnasium")
+
+
+def test_envpool_loads_without_importing_jax():
+    """EnvPool imports JAX for an XLA interface fastrl never uses (about 1.5 s where JAX is installed); fastrl loads
+    it with JAX kept out, and JAX still imports normally afterwards."""
+    import importlib.util
+    import subprocess
+    import sys
+    code = ("import sys; from fastrl.envs import envpool_ids; assert 'CartPole-v1' in envpool_ids(); "
+            "print('jax' in sys.modules); import importlib.util; "
+            "print(importlib.util.find_spec('jax') is None or __import__('jax') is not None)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout
+    assert importlib.util.find_spec("envpool") is not None
