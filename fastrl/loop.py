@@ -168,21 +168,6 @@ def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | No
         return None
 
 
-def final_evaluation(trainer, normalizer_state, should_stop) -> dict | None:
-    """The end-of-run evaluation, announced in one line and reporting progress while it runs; None when a stop
-    signal ended it (within one env step)."""
-    cfg = trainer.cfg
-    label = None if cfg.quiet else "final evaluation"
-    if label:
-        print(f"fastrl: {label}: {describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr, flush=True)
-    try:
-        return evaluate_trainer(trainer, normalizer_state, should_stop=should_stop, label=label)
-    except EvaluationStopped:
-        print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
-              flush=True)
-        return None
-
-
 def _plain(metrics: dict) -> dict:
     return {k: (v.item() if torch.is_tensor(v) else v) for k, v in metrics.items()}
 
