@@ -175,8 +175,26 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
 _STARTUP_INTERRUPT = {"signal": None}
 
 
-def _startup_interrupt(signum, _frame):
+def _where_exceptions_are_dropped(frame) -> bool:
+    """Whether an exception raised at ``frame`` would only be printed ("Exception ignored in ...") and dropped by
+    Python: inside a gc callback (a library's, e.g. one JAX registers) or a ``__del__``."""
+    import gc
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _startup_interrupt(signum, frame):
     _STARTUP_INTERRUPT["signal"] = signum
+    if _where_exceptions_are_dropped(frame):
+        # Raised here it would print a traceback and vanish: deliver the signal again once out of there.
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
     raise KeyboardInterrupt
 
 
@@ -213,6 +231,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
             print(f"fastrl: interrupted (Ctrl-C) at step {summary.get('total_steps', 0)}{where}", file=sys.stderr)
             return 130
     except KeyboardInterrupt:
+        print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except Exception:
+        # A Ctrl-C that cut an import short (numpy's, inside a library that caught it) surfaces as another error.
+        if _STARTUP_INTERRUPT["signal"] is None:
+            raise
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     finally:

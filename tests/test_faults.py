@@ -1,10 +1,12 @@
-"""Faults: stop signals, kill -9 during checkpoint writes, disk full while writing metrics or checkpoints."""
+"""Faults: stop signals and Ctrl-C at any moment, kill -9 during checkpoint writes, a real full disk (checkpoints,
+metrics, sinks, a resume's rewind), the user's env raising or returning the wrong shape, leftovers of killed runs."""
 import errno
 import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -371,3 +373,28 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path, delay):
     lines = [line for line in err.splitlines() if line.strip()]
     assert proc.returncode == 130, err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("fastrl: interrupted (Ctrl-C)"), err[-3000:]
+
+
+def test_ctrl_c_inside_a_gc_callback_is_not_swallowed():
+    """The moment the issue found: SIGINT handled inside a library's gc callback, where a raised KeyboardInterrupt is
+    printed as "Exception ignored" and dropped. The start-up handler defers it until out of the callback."""
+    script = textwrap.dedent("""
+        import gc, os, signal, time
+        from fastrl.train import install_startup_interrupt
+        install_startup_interrupt()
+        def callback(phase, info):
+            if phase == "start":
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10000):  # the handler runs here, inside the callback
+                    pass
+        gc.callbacks.append(callback)
+        try:
+            gc.collect()
+            gc.callbacks.remove(callback)
+            time.sleep(5)
+            print("swallowed")
+        except KeyboardInterrupt:
+            print("interrupted")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "interrupted" and done.stderr == "", (done.stdout, done.stderr)
