@@ -90,6 +90,8 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
     cfg = make_config({**base, **given}, where=where)
     done = int(state.get("global_step", 0))
+    if "members" in state:  # a population's checkpoint counts the steps of all members; the budget is per member
+        done //= max(len(state["members"]), 1)
     if cfg.total_steps < done:
         raise UserError(f"--resume {target}: its checkpoint is at step {done}, past total_steps={cfg.total_steps}; "
                         f"pass --total-steps above {done} to train on")
@@ -120,7 +122,8 @@ def _load_resume_state(trainer, state: dict, run_dir) -> None:
             raise UserError(f"the checkpoint of {run_dir} (step {trainer.global_step}) was taken with another batch "
                             "shape, so this resume would train nothing; start a new run instead")
         if _finished_summary(run_dir):
-            at_least = trainer.global_step + getattr(trainer, "steps_per_iteration", 1)  # budgets round to iterations
+            # budgets round to iterations, and are per member
+            at_least = (trainer.global_step + getattr(trainer, "steps_per_iteration", 1)) // trainer.n_members
             raise UserError(f"{run_dir} already trained its budget of {trainer.global_step} steps; pass --total-steps "
                             f"{at_least} or more to train on")
 

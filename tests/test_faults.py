@@ -371,7 +371,8 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path, delay):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     lines = [line for line in err.splitlines() if line.strip()]
-    assert proc.returncode == 130, err[-3000:]
+    # 130, or ended by the SIGINT itself (-2 to Popen), which a shell reports as 130 too.
+    assert proc.returncode in (130, -signal.SIGINT), err[-3000:]
     assert len(lines) == 1 and lines[0].startswith("fastrl: interrupted (Ctrl-C)"), err[-3000:]
 
 
