@@ -279,18 +279,11 @@ class RolloutCollector:
                 for t in range(views.observation.shape[0]):
                     t0 = time.perf_counter()
                     action, logp, _, value = agent.get_action_and_value(obs)
-                    views.observation[t].copy_(obs)
-                    views.action[t].copy_(action)
-                    views.sample_log_prob[t].copy_(logp)
-                    views.state_value[t].copy_(value)
+                    views.write_policy(t, obs, action, logp, value)
                     t1 = time.perf_counter()
                     step = env.step(action)
                     t2 = time.perf_counter()
-                    views.reward[t].copy_(step.reward)
-                    views.done[t].copy_(step.done)
-                    views.terminated[t].copy_(step.terminated)
-                    views.truncated[t].copy_(step.truncated)
-                    views.valid[t].copy_(step.valid)
+                    views.write_env(t, step)
                     obs = step.observation
                     policy_s += t1 - t0
                     env_s += t2 - t1

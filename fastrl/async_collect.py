@@ -48,6 +48,21 @@ class RolloutViews(NamedTuple):
                    buffer["valid"], nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"],
                    nxt["state_value"])
 
+    def write_policy(self, t: int, observation, action, sample_log_prob, state_value) -> None:
+        """Row ``t``'s policy side: the observation acted on, the action, its log-probability and the value."""
+        self.observation[t].copy_(observation)
+        self.action[t].copy_(action)
+        self.sample_log_prob[t].copy_(sample_log_prob)
+        self.state_value[t].copy_(state_value)
+
+    def write_env(self, t: int, step) -> None:
+        """Row ``t``'s env side from an ``EnvStep``: reward and the done / terminated / truncated / valid flags."""
+        self.reward[t].copy_(step.reward)
+        self.done[t].copy_(step.done)
+        self.terminated[t].copy_(step.terminated)
+        self.truncated[t].copy_(step.truncated)
+        self.valid[t].copy_(step.valid)
+
 
 class _NoTimer:
     def section(self, _name):

@@ -27,9 +27,8 @@ import copy
 import os
 import statistics
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
-import numpy as np
 import torch
 from torch.func import vmap
 
@@ -245,22 +244,14 @@ class Trainer:
                 action = act(obs, t)
             with self.timer.section("env"):
                 step = env.step(action)
-            v.reward[t].copy_(step.reward)
-            v.terminated[t].copy_(step.terminated)
-            v.truncated[t].copy_(step.truncated)
-            v.done[t].copy_(step.done)
-            v.valid[t].copy_(step.valid)
+            v.write_env(t, step)
             obs = step.observation
         self._finish_rollout(obs)
 
     def _act_eager(self, obs: torch.Tensor, t: int) -> torch.Tensor:
         """The policy forward (compiled on CUDA and for K > 1) and row ``t``'s writes; the action on the CPU."""
-        v = self._views
         action, logp, _, value = self.act(obs)
-        v.observation[t].copy_(obs)
-        v.action[t].copy_(action)
-        v.sample_log_prob[t].copy_(logp)
-        v.state_value[t].copy_(value)
+        self._views.write_policy(t, obs, action, logp, value)
         return action.cpu()
 
     def _finish_rollout(self, obs: torch.Tensor) -> None:
