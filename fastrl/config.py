@@ -42,6 +42,38 @@ ALGO_DEFAULTS = {
     "appo": _ACTOR_LEARNER_DEFAULTS,
 }
 
+# The tuned config an env trains with when no --config is given (fastrl train --env X, fastrl.train(env=X)), as the
+# RL Zoo's train.py picks an env's hyperparameters; flags still override it. "atari" and "procgen" stand for every
+# EnvPool id of that kind. Gymnasium's newer versions of the same tasks (LunarLander-v3, HalfCheetah-v5: the
+# fallback backend) share their EnvPool twin's config.
+_PPO_TUNED = {"CartPole-v1": "ppo/cartpole", "Acrobot-v1": "ppo/acrobot", "MountainCar-v0": "ppo/mountaincar",
+              "MountainCarContinuous-v0": "ppo/mountaincar_continuous", "Pendulum-v1": "ppo/pendulum",
+              "LunarLander-v2": "ppo/lunarlander", "LunarLanderContinuous-v2": "ppo/lunarlander_continuous",
+              "BipedalWalker-v3": "ppo/bipedalwalker", "MiniGrid-Empty-5x5-v0": "ppo/minigrid",
+              "atari": "ppo/atari", "procgen": "ppo/procgen",
+              **{f"{name}-v4": f"ppo/{name.lower()}" for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Swimmer",
+                                                                 "Humanoid")}}
+_GYMNASIUM_TWINS = {"LunarLander-v3": "LunarLander-v2", "LunarLanderContinuous-v3": "LunarLanderContinuous-v2",
+                    **{f"{name}-v5": f"{name}-v4" for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Swimmer",
+                                                               "Humanoid")}}
+TUNED_CONFIGS = {
+    "ppo": {**_PPO_TUNED, **{twin: _PPO_TUNED[of] for twin, of in _GYMNASIUM_TWINS.items()}},
+    "a2c": {"CartPole-v1": "a2c/cartpole", "atari": "a2c/atari"},
+    "impala": {"CartPole-v1": "impala/cartpole", "LunarLander-v2": "impala/lunarlander", "atari": "impala/atari"},
+}
+# PPO on an env with no tuned config: CleanRL's ppo.py (discrete actions) and ppo_continuous_action.py (continuous;
+# its 1 env x 2048 steps as 8 x 256, the same batch) settings, the general-purpose defaults of the PPO literature,
+# not the CartPole-tuned ones of Config(). A budget of 1M steps unless total_steps is given.
+GENERAL_DEFAULTS = {
+    "discrete": dict(n_envs=8, n_steps=128, total_steps=1_000_000, lr=2.5e-4, anneal_lr=True, gamma=0.99,
+                     gae_lambda=0.95, n_epochs=4, n_minibatches=4, clip_coef=0.2, clip_vloss=True, ent_coef=0.01,
+                     vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=[64, 64], activation="tanh"),
+    "continuous": dict(n_envs=8, n_steps=256, total_steps=1_000_000, lr=3e-4, anneal_lr=True, gamma=0.99,
+                       gae_lambda=0.95, n_epochs=10, n_minibatches=32, clip_coef=0.2, clip_vloss=True, ent_coef=0.0,
+                       vf_coef=0.5, max_grad_norm=0.5, normalize_obs=True, normalize_reward=True,
+                       hidden_sizes=[64, 64], activation="tanh"),
+}
+
 # Keys only some algorithms read: (the algorithms that read it, why the others do not, the fix). Given in a YAML
 # file or a flag with a value other than the chosen algorithm's default, such a key is refused (see make_config).
 _PPO_CLIP = ("ppo", "appo"), "{algo} has no clipped surrogate", "use --algo ppo or appo"
@@ -204,6 +236,10 @@ class Config:
     rollback_patience: int = _f(3, "log steps in a row below the collapse line before rolling back")
     max_nonfinite_iterations: int = _f(3, "iterations in a row with skipped NaN/Inf updates before rolling back")
     resume: str = _f("", "resume from a run directory or checkpoint file (never read from a YAML file)")
+
+    # Where the values under the flags came from (a --config file, an env's tuned config, a general default), for the
+    # run's first line; set by fastrl.train.resolve_config. A plain attribute, not a field: no flag, not in to_dict.
+    origin = ""
 
     # Derived sizes are computed once, here.
     @property

@@ -69,7 +69,10 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     checkpoint has already passed, are one-line UserErrors; the checkpoint's env is used only if it imports no code
     (else the user must name it: see ``checkpoint.checkpoint_config``)."""
     if not overrides.get("resume"):
-        return make_config(overrides, yaml_path, where=where), None
+        yaml_path, under, origin = base_layer(overrides, yaml_path, where)
+        cfg = make_config({**under, **overrides}, yaml_path, where=where)
+        cfg.origin = origin
+        return cfg, None
     from fastrl.checkpoint import checkpoint_config, load_checkpoint
     from fastrl.config import _coerce as coerce_value
     target = overrides["resume"]
@@ -96,6 +99,39 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
         raise UserError(f"--resume {target}: its checkpoint is at step {done}, past total_steps={cfg.total_steps}; "
                         f"pass --total-steps above {done} to train on")
     return cfg, state
+
+
+def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str | None, dict, str]:
+    """What lies under the user's flags, as ``(yaml_path, values, origin)``: a ``--config`` file as given; else the
+    tuned config of the env (``TUNED_CONFIGS``) when one ships; else, for PPO on an env other than the embedded
+    default's, the general default of its action kind (``GENERAL_DEFAULTS``); else the algorithm's defaults.
+    ``origin`` says which, for the run's first line."""
+    from fastrl.config import FIELDS, GENERAL_DEFAULTS, TUNED_CONFIGS
+    if yaml_path:
+        return yaml_path, {}, f"config {yaml_path}"
+    given = {key.replace("-", "_"): value for key, value in overrides.items()}
+    if set(FIELDS) <= set(given):  # a whole config (fastrl.train(config=Config(...))): nothing lies under it
+        return None, {}, "the given config"
+    algo, env = str(given.get("algo", Config.algo)), str(given.get("env", Config.env))
+    tuned = TUNED_CONFIGS.get("impala" if algo == "appo" else algo, {})
+    name = tuned.get(env) or tuned.get(_env_kind(env, given))
+    if name:
+        return name, {}, f"the tuned config {name}" + (" (the embedded default)" if name == "ppo/cartpole" else "")
+    if algo != "ppo":
+        return None, {}, f"the {algo} defaults (no tuned {algo} config for {env})"
+    from fastrl.envs import probe_env
+    _, _, action_spec = probe_env(make_config(given, where=where))
+    kind = action_spec.kind  # discrete (MultiDiscrete and MultiBinary included) or continuous
+    return None, GENERAL_DEFAULTS[kind], (f"the general PPO default for {kind} actions (CleanRL's settings; no tuned "
+                                          f"config ships for {env})")
+
+
+def _env_kind(env: str, given: dict) -> str | None:
+    """``atari`` or ``procgen`` for an EnvPool id of that kind (the env backend permitting), else None."""
+    if ":" in env or given.get("env_backend") in ("gymnasium", "torch"):
+        return None
+    from fastrl.envs import is_atari, is_procgen
+    return "atari" if is_atari(env) else "procgen" if is_procgen(env) else None
 
 
 def _finished_summary(run_dir) -> bool:
@@ -154,6 +190,8 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
         if resume_state is None and restart_count() > 0 and list_checkpoints(run_dir / "checkpoints"):
             resume_state = load_checkpoint(run_dir)  # a torchrun restart reloads the run's newest checkpoint
         if dist_info.is_main:
+            if cfg.origin:
+                say(cfg, f"{cfg.algo} on {cfg.env} with {cfg.origin}; flags override it")
             say(cfg, f"run directory {run_dir}")
         trainer = make_trainer(cfg, dist_info, device)
         if dist_info.is_main:

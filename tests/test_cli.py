@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import QUIET, one_line_error
 
@@ -329,3 +330,15 @@ def test_configs_are_package_data():
     assert packages <= set(setuptools_cfg["packages"]), f"packages missing from pyproject: {packages}"
     assert {name.split(".")[0] for name in setuptools_cfg["packages"]} == {"fastrl"}, "the only top-level name is fastrl"
     assert setuptools_cfg["package-dir"]["fastrl.kernels"] == "kernels" and "kernels" not in setuptools_cfg["packages"]
+
+
+def test_first_line_names_the_config_the_run_used(tmp_path):
+    """fastrl train --env X with no --config trains with X's tuned config, and says so before anything else."""
+    proc = _run(["-m", "fastrl.train", "--env", "Pendulum-v1", "--total-steps", "2048", "--n-envs", "2",
+                 "--n-steps", "256", "--n-minibatches", "4", "--n-epochs", "1", "--eval-episodes", "0", "--wandb",
+                 "disabled", "--tensorboard", "false", "--plot", "false", "--run-dir", str(tmp_path / "run")])
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert "Pendulum-v1" in first and "ppo/pendulum" in first, first
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["gamma"], saved["n_envs"]) == (0.9, 2)  # the tuned config's, under the flags

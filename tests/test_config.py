@@ -336,3 +336,52 @@ def test_fuzz_per_algorithm_keys(algo, chosen, at_default):
     assert not foreign, f"{sorted(foreign)} accepted for {algo}"
     for name, value in given_values.items():
         assert getattr(cfg, name) == value
+
+
+# ------------------------------------------------------------------ the config an env trains with when none is given
+def test_every_tuned_config_named_in_the_table_ships_and_trains_its_env():
+    from fastrl.config import _GYMNASIUM_TWINS, TUNED_CONFIGS, config_names, load_yaml
+    shipped = set(config_names())
+    for algo, table in TUNED_CONFIGS.items():
+        for env, name in table.items():
+            assert name in shipped, (algo, env, name)
+            assert name.split("/")[0] == algo
+            if env not in ("atari", "procgen") and env not in _GYMNASIUM_TWINS:
+                assert load_yaml(name)["env"] == env, (env, name)
+
+
+def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
+    from fastrl.train import resolve_config
+    cfg, _ = resolve_config({"env": "Pendulum-v1"})
+    pendulum = make_config(yaml_path="ppo/pendulum")
+    assert cfg == pendulum and "ppo/pendulum" in cfg.origin
+    cfg, _ = resolve_config({"env": "Pendulum-v1", "lr": "5e-4", "n_envs": 8})
+    assert (cfg.lr, cfg.n_envs, cfg.gamma) == (5e-4, 8, pendulum.gamma)
+    # Gymnasium's newer version of an EnvPool task shares its config; the env stays the one asked for
+    cfg, _ = resolve_config({"env": "HalfCheetah-v5"})
+    assert "ppo/halfcheetah" in cfg.origin and cfg.env == "HalfCheetah-v5" and cfg.hidden_sizes == [256, 256]
+    # the embedded default is the CartPole config, by name or by omission
+    assert resolve_config({})[0] == Config() == resolve_config({"env": "CartPole-v1"})[0]
+    assert resolve_config({"algo": "a2c"})[0] == make_config(yaml_path="a2c/cartpole")
+
+
+def test_an_env_without_one_gets_the_general_default_of_its_action_kind():
+    from fastrl.config import GENERAL_DEFAULTS
+    from fastrl.train import resolve_config
+    cfg, _ = resolve_config({"env": "BipedalWalkerHardcore-v3"})  # continuous, no tuned config
+    assert "continuous" in cfg.origin and "BipedalWalkerHardcore-v3" in cfg.origin
+    assert all(getattr(cfg, k) == v for k, v in GENERAL_DEFAULTS["continuous"].items())
+    cfg, _ = resolve_config({"env": "CartPole-v0", "n_envs": 4})  # discrete, no tuned config; flags still win
+    assert "discrete" in cfg.origin and cfg.n_envs == 4 and cfg.lr == GENERAL_DEFAULTS["discrete"]["lr"]
+    assert cfg.gamma != Config().gamma  # not the CartPole-tuned default
+    # other algorithms keep their own defaults; a --config file is the base as given
+    cfg, _ = resolve_config({"env": "CartPole-v0", "algo": "a2c"})
+    assert cfg.lr == ALGO_DEFAULTS["a2c"]["lr"] and "a2c defaults" in cfg.origin
+    cfg, _ = resolve_config({"env": "Pendulum-v1"}, "ppo/mujoco")
+    assert cfg.n_steps == make_config(yaml_path="ppo/mujoco").n_steps and cfg.origin == "config ppo/mujoco"
+
+
+def test_an_unknown_env_is_still_one_line():
+    from fastrl.train import resolve_config
+    with pytest.raises(UserError, match="unknown env id"):
+        resolve_config({"env": "NoSuchEnv-v0"})

@@ -1,0 +1,290 @@
+"""The zoo: every CPU config of configs/ trained as a population of seeds at the RL Zoo's budget, beside the zoo's
+published PPO figure, with the wall time a single SB3 run would need at SB3's steps/s measured here.
+
+    python -m benchmarks.zoo [--configs ppo/acrobot ...] [--seeds 3] [--out-dir DIR] [--quick] [--redo]
+
+Per config (``ROWS``):
+- fastrl: one ``python -m fastrl.train --config C --n-seeds S --total-steps B`` process (seeds 1..S as one population;
+  IMPALA/APPO, which run no populations, as S processes one after another). Its process wall time counts everything:
+  start-up, compiling, training and the final evaluation.
+- The score: each seed's deterministic evaluation at the end (``eval_episodes`` x ``eval_seeds`` episodes of its mode
+  policy), then the median and the interquartile mean over the seeds; also the median of the seeds' training means
+  over their last 100 episodes.
+- SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``), on
+  the Gymnasium twin of the env (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations
+  (``SB3_TIMING_STEPS``) with the same torch thread count (1); ``sb3_single_run_s`` is the budget at that rate: what
+  the zoo's single run would take on this machine.
+- Learning curves: each seed's last-100 mean against its own env steps; the PNG shows the median with a band from the
+  lowest to the highest seed.
+
+Results go to ``<out-dir>/<machine>/zoo.json`` (default out-dir ``bench-results``; ``--out-dir benchmarks/results``
+updates the committed results, from which ``python -m benchmarks.report`` writes RESULTS.md's table) and the curves
+to ``<out-dir>/<machine>/plots/zoo_<config>.png``. Each finished config is kept in ``<out-dir>/<machine>/zoo/`` and
+skipped when the same command runs again (``--redo`` trains it afresh), so one table can be filled over several
+sittings; every row names its own date and load average.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.common import RESULTS_DIR, load_average, machine_info, machine_tag, markdown_table, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+ZOO_SOURCE = "https://github.com/DLR-RM/rl-baselines3-zoo/blob/0088472b8cb622732bdbc4aa3d0d0abde86c67ed/benchmark.md"
+CLEANRL_SOURCE = "https://docs.cleanrl.dev/rl-algorithms/ppo/#ppo_continuous_actionpy"
+SB3_TIMING_STEPS = 8_192
+SB3_THREADS = 1
+
+
+@dataclass(frozen=True)
+class ZooRow:
+    """One config of the table: its budget (the zoo's, in env steps per seed), the zoo's PPO (or A2C) figure for the
+    same task (None where the zoo has none), CleanRL's published 1M figure where it has one, and the Gymnasium id SB3
+    is timed on."""
+    config: str
+    steps: int
+    zoo: float | None
+    gym_env: str
+    cleanrl: str | None = None
+    zoo_shape: tuple = ()  # (key, value) pairs where the zoo's own run differs from the config (SB3 is timed on them)
+
+
+ONE_ENV = (("n_envs", 1), ("n_steps", 512))  # the zoo's MuJoCo runs collect 512 steps with one env
+ROWS = (
+    ZooRow("ppo/cartpole", 100_000, 500.0, "CartPole-v1",
+           zoo_shape=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
+    ZooRow("ppo/acrobot", 1_000_000, -73.5, "Acrobot-v1"),
+    ZooRow("ppo/mountaincar", 1_000_000, -110.0, "MountainCar-v0"),
+    ZooRow("ppo/mountaincar_continuous", 300_000, None, "MountainCarContinuous-v0"),
+    ZooRow("ppo/pendulum", 100_000, -172.0, "Pendulum-v1"),
+    ZooRow("ppo/lunarlander", 1_000_000, 242.1, "LunarLander-v3"),
+    ZooRow("ppo/lunarlander_continuous", 1_000_000, 271.0, "LunarLanderContinuous-v3"),
+    ZooRow("ppo/halfcheetah", 1_000_000, 5819.1, "HalfCheetah-v5", "1,442 ± 46", ONE_ENV),
+    ZooRow("ppo/mujoco", 1_000_000, 5819.1, "HalfCheetah-v5", "1,442 ± 46"),
+    ZooRow("ppo/hopper", 1_000_000, 2410.0, "Hopper-v5", "2,383 ± 271", ONE_ENV),
+    ZooRow("ppo/walker2d", 1_000_000, 3479.0, "Walker2d-v5", "2,288 ± 572", ONE_ENV),
+    ZooRow("ppo/ant", 1_000_000, 1327.0, "Ant-v5"),
+    ZooRow("ppo/swimmer", 1_000_000, 282.0, "Swimmer-v5"),
+    ZooRow("ppo/minigrid", 60_000, None, "MiniGrid-Empty-5x5-v0"),
+    ZooRow("a2c/cartpole", 500_000, 500.0, "CartPole-v1"),
+    ZooRow("impala/cartpole", 120_000, None, "CartPole-v1"),
+    ZooRow("impala/lunarlander", 1_000_000, None, "LunarLander-v3"),
+)
+# Configs sized for a GPU (or for hours of CPU): named in the table with the reason, not trained by this script.
+GPU_CONFIGS = {
+    "ppo/atari": "10M steps of a Nature-CNN: a GPU run",
+    "ppo/procgen": "25M steps of an IMPALA-ResNet: a GPU run",
+    "a2c/atari": "10M steps of a Nature-CNN: a GPU run",
+    "impala/atari": "a Nature-CNN learner: a GPU run",
+    "ppo/bipedalwalker": "5M steps with 780k gradient steps: hours on a 2-core CPU, a GPU run",
+    "ppo/humanoid": "10M steps: a GPU run",
+}
+QUICK_STEPS = 20_000
+
+
+def fastrl_command(row: ZooRow, seeds: int, steps: int, run_dir: Path, seed: int = 1) -> list[str]:
+    command = [sys.executable, "-m", "fastrl.train", "--config", row.config, "--total-steps", str(steps),
+               "--seed", str(seed), "--run-dir", str(run_dir), "--progress", "false", "--wandb", "disabled",
+               "--tensorboard", "false", "--plot", "false"]
+    return command + (["--n-seeds", str(seeds)] if seeds > 1 else [])
+
+
+def member_curves(run_dir: Path) -> list[list]:
+    """Per seed ``[[its env steps, its last-100 mean], ...]`` from metrics.jsonl (member rows of a population, the
+    plain rows of a single run)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    members = {}
+    population = any("member" in row for row in rows)
+    for row in rows:
+        ret = row.get("charts/episodic_return")
+        if ret is None or (population and "member" not in row):
+            continue
+        step = row.get("member_step", row["global_step"])
+        members.setdefault(row.get("member", 0), []).append([step, ret])
+    return [members[m] for m in sorted(members)]
+
+
+def train_fastrl(row: ZooRow, seeds: int, steps: int, work: Path) -> dict:
+    """Run the config's seeds (one population, or one process per seed for IMPALA/APPO) and read their scores."""
+    algo = row.config.split("/")[0]
+    population = algo in ("ppo", "a2c")
+    runs = [(work / "run", fastrl_command(row, seeds, steps, work / "run"))] if population else \
+        [(work / f"seed{s}", fastrl_command(row, 1, steps, work / f"seed{s}", seed=s)) for s in range(1, seeds + 1)]
+    start = time.perf_counter()
+    for run_dir, command in runs:
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    process_s = time.perf_counter() - start
+    evals, lasts, curves = [], [], []
+    for run_dir, _ in runs:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        members = summary.get("members") or [summary]
+        evals += [m["eval_return_mean"] for m in members]
+        lasts += [m["episode_return_mean"] for m in members]
+        curves += member_curves(run_dir)
+    return {"process_s": process_s, "eval_returns": evals, "last100_returns": lasts, "curves": curves,
+            "command": " ".join(["python", *runs[0][1][1:]]).replace(str(work), "DIR")}
+
+
+def time_sb3(row: ZooRow, steps: int) -> dict:
+    """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: its rollout shape and
+    epochs) on the Gymnasium twin: steps/s over ``SB3_TIMING_STEPS`` (at least two
+    iterations) and the single run's projected wall time at the zoo's budget."""
+    import torch
+
+    from benchmarks.peers import sb3_model
+    from fastrl.config import make_config
+    algo = row.config.split("/")[0]
+    if algo not in ("ppo", "a2c"):
+        return {"sb3_skipped": f"SB3 has no {algo}"}
+    try:
+        import gymnasium
+        import stable_baselines3  # noqa: F401
+        gymnasium.make(row.gym_env).close()
+    except Exception as e:  # noqa: BLE001 - a missing SB3, Box2D, MuJoCo or MiniGrid: the row says why
+        return {"sb3_skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
+    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_shape)}, row.config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SB3_THREADS)
+    try:
+        timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
+        model = sb3_model(cfg, max(1, steps // cfg.batch_size))
+        start = time.perf_counter()
+        model.learn(total_timesteps=timed)
+        seconds = time.perf_counter() - start
+        model.get_env().close()
+    finally:
+        torch.set_num_threads(threads)
+    sps = model.num_timesteps / seconds
+    return {"sb3_sps": sps, "sb3_single_run_s": steps / sps, "sb3_timed_steps": model.num_timesteps}
+
+
+def median(values: list):
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> dict:
+    from fastrl.population import interquartile_mean
+    load = load_average()
+    with tempfile.TemporaryDirectory(prefix="fastrl-zoo-") as tmp:
+        run = train_fastrl(row, seeds, steps, Path(tmp))
+    sb3 = time_sb3(row, steps)
+    evals = [v for v in run["eval_returns"] if v is not None]
+    result = {**asdict(row), "budget": steps, "seeds": seeds, "quick": quick, **run, **sb3,
+              "eval_median": median(evals), "eval_iqm": interquartile_mean(evals) if evals else None,
+              "last100_median": median(run["last100_returns"]), "load_average_at_start": load,
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if sb3.get("sb3_single_run_s"):
+        result["faster_than_sb3_single_run"] = run["process_s"] < sb3["sb3_single_run_s"]
+    write_json(result, out / "zoo" / f"{row.config.replace('/', '_')}.json")
+    plot_curves(result, out / "plots" / f"zoo_{row.config.replace('/', '_')}.png")
+    return result
+
+
+def plot_curves(result: dict, path: Path) -> Path | None:
+    """Median last-100 mean over the seeds against env steps, with a band from the lowest to the highest seed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return None
+    curves = [c for c in result["curves"] if c]
+    if not curves:
+        return None
+    first = max(c[0][0] for c in curves)
+    grid = np.linspace(first, result["budget"], 100)
+    ys = np.array([np.interp(grid, [p[0] for p in c], [p[1] for p in c], left=np.nan) for c in curves])
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.fill_between(grid, np.nanmin(ys, 0), np.nanmax(ys, 0), alpha=0.25, label=f"{len(curves)} seeds: min-max")
+    ax.plot(grid, np.nanmedian(ys, 0), label="median")
+    if result.get("zoo") is not None:
+        ax.axhline(result["zoo"], color="tab:orange", linestyle="--", label="RL Zoo PPO")
+    ax.set(title=f"{result['config']} ({result['gym_env']})", xlabel="env steps per seed", ylabel="last-100 mean return")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def table(rows: list) -> str:
+    """The Markdown table of finished rows, then the configs this script does not train (and why)."""
+    def fmt(v, spec=",.0f"):
+        return "-" if v is None else format(v, spec)
+    lines = []
+    for r in rows:
+        vs_zoo = "-" if r.get("zoo") is None or r["eval_median"] is None else \
+            ("at or above" if r["eval_median"] >= r["zoo"] else f"{r['eval_median'] - r['zoo']:+,.0f}")
+        sb3 = fmt(r.get("sb3_single_run_s")) if r.get("sb3_single_run_s") else f"- ({r.get('sb3_skipped', '')})"
+        lines.append([r["config"], fmt(r["budget"]), r["seeds"], fmt(r["eval_median"], ",.1f"),
+                      fmt(r["eval_iqm"], ",.1f"), fmt(r["last100_median"], ",.1f"),
+                      ", ".join(fmt(v, ",.0f") for v in r["eval_returns"]), fmt(r.get("zoo"), ",.1f"), vs_zoo,
+                      r.get("cleanrl") or "-", fmt(r["process_s"]), fmt(r.get("sb3_sps")), sb3,
+                      r["timestamp"][:10], r["load_average_at_start"][0] if r["load_average_at_start"] else "-"])
+    headers = ["config", "steps/seed", "seeds", "eval median", "eval IQM", "last-100 median", "eval per seed",
+               "zoo PPO", "vs zoo", "CleanRL 1M", "fastrl process s (all seeds)", "SB3 steps/s",
+               "SB3 single run s (projected)", "date", "load"]
+    text = markdown_table(headers, lines) if lines else "(no rows yet)"
+    skipped = [f"- `{name}`: {why}" for name, why in GPU_CONFIGS.items()]
+    return text + "\n\nNot in this CPU table:\n" + "\n".join(skipped)
+
+
+def collect(out: Path) -> list:
+    found = {p.stem: json.loads(p.read_text()) for p in sorted((out / "zoo").glob("*.json"))}
+    return [found[r.config.replace("/", "_")] for r in ROWS if r.config.replace("/", "_") in found]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", nargs="+", default=[r.config for r in ROWS], metavar="NAME",
+                        help="configs to train (default: every CPU config)")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--out-dir", default="bench-results", metavar="DIR",
+                        help="results under DIR/<machine>/ (benchmarks/results updates the committed ones)")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS:,} steps per seed (a smoke test)")
+    parser.add_argument("--redo", action="store_true", help="train configs that already have a result afresh")
+    args = parser.parse_args(argv)
+    known = {r.config: r for r in ROWS}
+    unknown = [c for c in args.configs if c not in known]
+    if unknown:
+        gpu = [c for c in unknown if c in GPU_CONFIGS]
+        why = f" ({'; '.join(f'{c}: {GPU_CONFIGS[c]}' for c in gpu)})" if gpu else ""
+        parser.error(f"not CPU zoo configs: {', '.join(unknown)}{why}; choose from {', '.join(known)}")
+    out = Path(args.out_dir).resolve() / machine_tag("cpu")
+    if out.resolve() == (RESULTS_DIR / machine_tag("cpu")).resolve() and args.quick:
+        parser.error("--quick results never go to the committed benchmarks/results: pass another --out-dir")
+    for name in args.configs:
+        row = known[name]
+        if (out / "zoo" / f"{name.replace('/', '_')}.json").is_file() and not args.redo:
+            print(f"# {name}: kept from an earlier run (--redo trains it afresh)", flush=True)
+            continue
+        print(f"# {name}: {args.seeds} seeds x {QUICK_STEPS if args.quick else row.steps:,} steps "
+              f"(load {load_average()})", flush=True)
+        r = score_row(row, args.seeds, QUICK_STEPS if args.quick else row.steps, out, args.quick)
+        print(f"#   eval median {r['eval_median']}, per seed {r['eval_returns']}, {r['process_s']:.0f} s; "
+              f"SB3 single run {r.get('sb3_single_run_s') or r.get('sb3_skipped')}", flush=True)
+    rows = collect(out)
+    report = {"machine": machine_info("cpu"), "zoo_source": ZOO_SOURCE, "cleanrl_source": CLEANRL_SOURCE,
+              "sb3_threads": SB3_THREADS, "rows": rows, "gpu_configs": GPU_CONFIGS}
+    write_json(report, out / "zoo.json")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
