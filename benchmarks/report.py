@@ -25,7 +25,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
          "rollout_sps", "rollout_step", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve",
-         "population")
+         "population", "zoo")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -254,6 +254,20 @@ def population_section(report: dict) -> list:
     return lines
 
 
+def zoo_section(report: dict) -> list:
+    from benchmarks.zoo import table
+    info = report.get("machine", {})
+    return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
+            f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
+            f"deterministic evaluation at the end (5 seeds x 10 episodes of its mode policy), median and IQM over "
+            f"the seeds; the zoo's figure is one agent's ([benchmark.md]({report.get('zoo_source')})). fastrl "
+            f"process s: the whole population's process (start-up, compiling, training, final evaluation). SB3 "
+            f"single run: the budget at SB3's steps/s measured here with the same hyperparameters (the zoo's own "
+            f"rollout shape where it differs), {report.get('sb3_threads')} torch thread, Gymnasium envs. Each row "
+            f"names its date and the load average at its start; machine {info.get('cpu_model')}. Curves (median, "
+            f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]
+
+
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
     "peers_sb3_zoo": ("SB3 like for like, at the zoo's CartPole settings", sb3_zoo_section),
@@ -270,6 +284,7 @@ SECTIONS = {  # part -> (heading, builder)
     "learner": ("Compiled learner", learner_section),
     "default_solve": ("The default, eager against compiled", default_solve_section),
     "population": ("Population training (many seeds in one process)", population_section),
+    "zoo": ("The zoo: tuned configs at the RL Zoo's budgets, several seeds", zoo_section),
 }
 
 

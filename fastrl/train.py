@@ -116,14 +116,29 @@ def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str 
     tuned = TUNED_CONFIGS.get("impala" if algo == "appo" else algo, {})
     name = tuned.get(env) or tuned.get(_env_kind(env, given))
     if name:
-        return name, {}, f"the tuned config {name}" + (" (the embedded default)" if name == "ppo/cartpole" else "")
+        origin = f"the tuned config {name}" + (" (the embedded default)" if name == "ppo/cartpole" else "")
+        # The embedded default's n_minibatches stays a count, as Config() has always had it
+        keep_size = algo == "ppo" and name != "ppo/cartpole"
+        return name, _same_minibatch(load_yaml(name), given) if keep_size else {}, origin
     if algo != "ppo":
         return None, {}, f"the {algo} defaults (no tuned {algo} config for {env})"
     from fastrl.envs import probe_env
     _, _, action_spec = probe_env(make_config(given, where=where))
     kind = action_spec.kind  # discrete (MultiDiscrete and MultiBinary included) or continuous
-    return None, GENERAL_DEFAULTS[kind], (f"the general PPO default for {kind} actions (CleanRL's settings; no tuned "
-                                          f"config ships for {env})")
+    under = {**GENERAL_DEFAULTS[kind], **_same_minibatch(GENERAL_DEFAULTS[kind], given)}
+    return None, under, f"the general PPO default for {kind} actions (CleanRL's settings; no tuned config ships for {env})"
+
+
+def _same_minibatch(base: dict, given: dict) -> dict:
+    """``n_minibatches`` that keeps ``base``'s minibatch size when the flags change its rollout shape (n_envs, n_steps)
+    but not n_minibatches: the most minibatches of at least that size that divide the new batch (at least 1)."""
+    if "n_minibatches" in given or not {"n_envs", "n_steps"} & set(given) or "n_minibatches" not in base:
+        return {}
+    from fastrl.config import _coerce as coerce_value
+    shape = {key: coerce_value(key, given.get(key, base.get(key, getattr(Config, key)))) for key in ("n_envs", "n_steps")}
+    minibatch = base.get("n_envs", Config.n_envs) * base.get("n_steps", Config.n_steps) // base["n_minibatches"]
+    batch = shape["n_envs"] * shape["n_steps"]
+    return {"n_minibatches": max(d for d in range(1, max(batch // max(minibatch, 1), 1) + 1) if batch % d == 0)}
 
 
 def _env_kind(env: str, given: dict) -> str | None:

@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark suite: the entry point, the report generator and the peers' pure pieces."""
 import json
+import statistics
 
 import pytest
 
@@ -447,3 +448,28 @@ def test_device_bandwidth_figures():
     assert known_bandwidth("NVIDIA H200") == 4800 and known_bandwidth("NVIDIA H100 PCIe") == 2000
     assert known_bandwidth("NVIDIA A100-SXM4-80GB") == 2039 and known_bandwidth("NVIDIA GH200 480GB") == 4000
     assert known_bandwidth("Some Future GPU") is None
+
+
+def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
+    """Every config of configs/ has a row in the zoo or a line saying why not; a tiny 2-seed run writes its row, the
+    curves and the table, keeps a finished row on a second run, and RESULTS.md renders it."""
+    from benchmarks import report, zoo
+    from fastrl.config import config_names
+    assert set(config_names()) == {r.config for r in zoo.ROWS} | set(zoo.GPU_CONFIGS)
+    monkeypatch.setattr(zoo, "QUICK_STEPS", 2048)
+    monkeypatch.setattr(zoo, "SB3_TIMING_STEPS", 512)
+    out = tmp_path / "out"
+    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out)]) == 0
+    machine = out / zoo.machine_tag("cpu")
+    row = json.loads((machine / "zoo" / "ppo_cartpole.json").read_text())
+    assert row["seeds"] == 2 and len(row["eval_returns"]) == 2 and len(row["curves"]) == 2
+    assert row["eval_median"] == statistics.median(row["eval_returns"])
+    assert row["sb3_sps"] > 0 or row.get("sb3_skipped")
+    assert (machine / "plots" / "zoo_ppo_cartpole.png").stat().st_size > 0
+    capsys.readouterr()
+    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out)]) == 0
+    assert "kept from an earlier run" in capsys.readouterr().out
+    text, _ = report.render(out, out / "RESULTS.md")
+    assert "ppo/cartpole" in text and "ppo/atari" in text
+    with pytest.raises(SystemExit):
+        zoo.main(["--configs", "ppo/atari"])  # a GPU config: refused, with the reason

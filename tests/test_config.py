@@ -385,3 +385,15 @@ def test_an_unknown_env_is_still_one_line():
     from fastrl.train import resolve_config
     with pytest.raises(UserError, match="unknown env id"):
         resolve_config({"env": "NoSuchEnv-v0"})
+
+
+def test_changing_a_tuned_configs_rollout_shape_keeps_its_minibatch_size():
+    """The zoo's settings are minibatches of 64: --n-envs/--n-steps alone keep that size (as n_minibatches), where it
+    divides; the embedded default's n_minibatches stays a count; an explicit --n-minibatches wins."""
+    from fastrl.train import resolve_config
+    tuned = make_config(yaml_path="ppo/pendulum")
+    assert tuned.minibatch_size == 64
+    assert resolve_config({"env": "Pendulum-v1", "n_envs": 8})[0].minibatch_size == 64
+    assert resolve_config({"env": "Pendulum-v1", "n_envs": 2, "n_steps": 16})[0].n_minibatches == 1
+    assert resolve_config({"env": "Pendulum-v1", "n_envs": 8, "n_minibatches": 4})[0].n_minibatches == 4
+    assert resolve_config({"n_envs": 2, "n_steps": 16})[0].n_minibatches == Config().n_minibatches
