@@ -74,6 +74,9 @@ def test_a_piped_run_says_where_it_writes_and_what_it_adjusted(tmp_path):
     proc = _train(tmp_path, "--no-progress")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
+    assert lines[0] == ("fastrl: ppo on CartPole-v1 with the tuned config ppo/cartpole (the embedded default); flags "
+                        "override it")
+    lines = lines[1:]
     assert lines[0] == f"fastrl: run directory {tmp_path / 'run'}"
     assert lines[1] == "fastrl: note: total_steps=3,000 runs as 2,048: whole iterations of 1,024 steps (n_envs x n_steps)"
     assert lines[2] == "fastrl: note: --frame-stack applies to Atari envs only; CartPole-v1 ignores it"
