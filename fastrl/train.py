@@ -248,6 +248,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
                                          "run_dir")}
+        if "variants" in summary:  # per variant, over its seeds: never a mean across variants
+            del shown["episode_return_mean"], shown["eval_return_mean"]
+            shown["variants"] = {v["variant"]: {key: {s: v[key][s] for s in ("mean", "median", "iqm")}
+                                                for key in ("episode_return_mean", "eval_return_mean") if key in v}
+                                 for v in summary["variants"]}
         print(json.dumps(shown))
     return 0
 
