@@ -128,16 +128,17 @@ def _load_resume_state(trainer, state: dict, run_dir) -> None:
                             f"{at_least} or more to train on")
 
 
-def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
+def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device, members: list | None = None):
     if cfg.algo in ACTOR_LEARNER_ALGOS:
         from fastrl.actor_learner import ActorLearnerTrainer
         return ActorLearnerTrainer(cfg, device)
     from fastrl.trainer import Trainer
-    return Trainer(cfg, dist_info, device)
+    return Trainer(cfg, dist_info, device, members=members)
 
 
-def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
-    """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary."""
+def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: list | None = None) -> dict:
+    """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary.
+    ``members``: a population's member configs when they are not ``cfg``'s grid (``fastrl.tune``)."""
     from fastrl import distributed
     from fastrl.checkpoint import list_checkpoints, load_checkpoint
     from fastrl.console import adjustments, say
@@ -155,7 +156,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
             resume_state = load_checkpoint(run_dir)  # a torchrun restart reloads the run's newest checkpoint
         if dist_info.is_main:
             say(cfg, f"run directory {run_dir}")
-        trainer = make_trainer(cfg, dist_info, device)
+        trainer = make_trainer(cfg, dist_info, device, members)
         if dist_info.is_main:
             for note in adjustments(cfg, trainer):
                 say(cfg, f"note: {note}")
