@@ -411,7 +411,8 @@ SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", 
 
 def _coerce_vary(value) -> dict:
     """``vary`` from a mapping ``{key: [v1, v2]}``, a string ``"key=v1,v2"`` or a list of such strings (the repeated
-    flag; ``;`` also separates keys) to ``{key: [float, ...]}``, or raise UserError."""
+    flag, whose repeats merge; ``;`` also separates keys) to ``{key: [value, ...]}`` (repeats dropped), or raise
+    UserError."""
     if isinstance(value, str):
         value = [part for part in value.split(";") if part.strip()]
     if isinstance(value, list):
@@ -420,7 +421,8 @@ def _coerce_vary(value) -> dict:
             if not isinstance(item, str) or "=" not in item:
                 raise UserError(f"vary: expected KEY=v1,v2,..., got {item!r}")
             key, _, values = item.partition("=")  # a key given twice merges its values
-            pairs.setdefault(key.strip().replace("-", "_"), []).extend(v for v in values.replace(" ", ",").split(",") if v)
+            given = [v for v in values.replace(" ", ",").split(",") if v]
+            pairs.setdefault(key.strip().replace("-", "_"), []).extend(given)
         value = pairs
     if not isinstance(value, dict):
         raise UserError(f"vary: expected KEY=v1,v2,... or a mapping of key: [values], got {value!r}")
@@ -430,8 +432,8 @@ def _coerce_vary(value) -> dict:
         if key not in FIELDS:
             raise UserError(f"vary: unknown config key {key!r}; the keys that can vary are {', '.join(VARY_KEYS)}")
         if key not in VARY_KEYS:
-            why = ("it changes shapes or the run itself" if key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps")
-                   else "the members of one population share it")
+            shape = key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps")
+            why = "it changes shapes or the run itself" if shape else "the members of one population share it"
             raise UserError(f"vary: {key} cannot vary within one population ({why}): run one population per {key} "
                             f"value (fastrl tune groups its trials so), or vary one of {', '.join(VARY_KEYS)}")
         values = values if isinstance(values, list) else [values]

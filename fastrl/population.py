@@ -89,7 +89,8 @@ def aggregate(values, seed: int = 0, n_bootstrap: int = 2000) -> dict:
     samples = x[rng.integers(0, x.size, size=(n_bootstrap, x.size))]
     iqms = np.array([interquartile_mean(row) for row in samples])
     return {"n": int(x.size), "mean": float(x.mean()), "median": float(np.median(x)), "std": float(x.std()),
-            "iqm": interquartile_mean(x), "iqm_ci95": [float(np.percentile(iqms, 2.5)), float(np.percentile(iqms, 97.5))]}
+            "iqm": interquartile_mean(x),
+            "iqm_ci95": [float(np.percentile(iqms, 2.5)), float(np.percentile(iqms, 97.5))]}
 
 
 def variant_summaries(members: list[dict], keys=("episode_return_mean", "eval_return_mean"), seed: int = 0) -> list:

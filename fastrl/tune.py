@@ -154,7 +154,8 @@ def load_space(path: str) -> list[Param]:
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
-        raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to --space") from None
+        raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
+                        "--space") from None
     except yaml.YAMLError as e:
         raise UserError(f"space file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     return parse_space(data, f"space file {path}")
@@ -333,7 +334,8 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
     values = coerce_values(best.params)
     cfg = dataclasses.replace(base, **values).validate()
     data = {key: value for key, value in cfg.to_dict().items() if key not in YAML_IGNORED}
-    header = (f"# fastrl tune: the best of {len(finished_trials(study))} finished trials in {path.parent / 'study.db'}: "
+    header = (f"# fastrl tune: the best of {len(finished_trials(study))} finished trials in "
+              f"{path.parent / 'study.db'}: "
               f"trial {best.number}, mean deterministic evaluation return {best.value:.4g} over "
               f"{settings.trial_seeds} seed(s) at {base.total_steps} steps each\n"
               f"# its values: {json.dumps(best.params)}\n# run it: fastrl train --config {path}\n")
@@ -466,8 +468,8 @@ def _report_batch(study, batch: list[tuple], settings) -> None:
     for trial, _ in batch:
         frozen = study.trials[trial.number]
         state = frozen.state.name.lower()
-        parts.append(f"#{frozen.number} {frozen.value:.4g}" if state == "complete" else
-                     f"#{frozen.number} {state}" + (f" at {frozen.last_step:,}" if frozen.last_step is not None else ""))
+        at = f" at {frozen.last_step:,}" if frozen.last_step is not None else ""
+        parts.append(f"#{frozen.number} {frozen.value:.4g}" if state == "complete" else f"#{frozen.number} {state}{at}")
     best = ""
     try:
         best = f"; best #{study.best_trial.number} {study.best_value:.4g}"

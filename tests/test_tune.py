@@ -106,6 +106,11 @@ def test_a_pruned_trial_leaves_the_population_and_the_others_train_on(tmp_path):
     assert study.trials[1].intermediate_values and study.trials[0].value is not None
 
 
+def _with_repo_on_path() -> dict:
+    """The environment for a subprocess that imports this checkout's fastrl."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
 def _states(db: Path) -> list[str]:
     with sqlite3.connect(db) as connection:
         return [row[0] for row in connection.execute("SELECT state FROM trials ORDER BY number")]
@@ -117,7 +122,7 @@ def test_a_killed_study_resumes_and_its_best_config_trains(tmp_path):
     command = [sys.executable, "-m", "fastrl.cli", "tune", "--space", str(tmp_path / "space.yaml"), "--trials", "4",
                "--batch", "2", "--evals", "2", "--startup-trials", "1", "--trial-steps", "4096", "--dir", str(tune_dir),
                *TINY]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = _with_repo_on_path()
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
@@ -162,3 +167,25 @@ def test_a_killed_study_resumes_and_its_best_config_trains(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert other.returncode == 2 and "holds a study with another space" in other.stderr
     assert other.stderr.count("\n") == 1
+
+
+def test_a_study_directory_in_use_by_another_process_is_one_line(tmp_path, capsys):
+    """A second tuner on a live study's directory would fail its running trials: refused while another process
+    holds the directory's lock."""
+    from fastrl.cli import main
+    tune_dir = tmp_path / "study"
+    tune_dir.mkdir()
+    hold = ("import sys, time; from pathlib import Path; from fastrl.rundir import RunLock; "
+            "RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tune_dir)], stdout=subprocess.PIPE, text=True,
+                              env=_with_repo_on_path())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (tmp_path / "space.yaml").write_text(json.dumps({"lr": SPACE["lr"]}))
+        assert main(["tune", "--space", str(tmp_path / "space.yaml"), "--dir", str(tune_dir)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"is in use by the live process PID {holder.pid}" in err and "--dir" in err
+        assert not (tune_dir / "study.db").exists()
+    finally:
+        holder.kill()
+        holder.wait()
