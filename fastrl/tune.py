@@ -382,6 +382,8 @@ def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
     if base.algo not in ("ppo", "a2c"):
         raise UserError(f"fastrl tune trains trials as populations, which algo {base.algo} does not support: use "
                         "--algo ppo or a2c")
+    if base.eval_episodes < 1:
+        raise UserError("fastrl tune's objective is the evaluation return: eval_episodes must be >= 1")
     if settings.trial_steps is not None:
         base = dataclasses.replace(base, total_steps=settings.trial_steps).validate()
     return base

@@ -60,6 +60,21 @@ def test_the_command_reports_a_bad_space_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "d").exists(), "nothing is written before the space is checked"
 
 
+@pytest.mark.parametrize("flags, expected", [
+    (["--n-seeds", "2"], "use --trial-seeds"),
+    (["--total-steps", "1000"], "use --trial-steps"),
+    (["--eval-episodes", "0"], "eval_episodes must be >= 1"),
+    (["--algo", "impala"], "use --algo ppo or a2c"),
+    (["--lrr", "1"], "did you mean --lr"),
+])
+def test_a_base_config_tune_cannot_use_is_one_line(tmp_path, capsys, flags, expected):
+    from fastrl.cli import main
+    (tmp_path / "space.yaml").write_text("ent_coef: {type: uniform, low: 0.0, high: 0.01}\n")
+    assert main(["tune", "--space", str(tmp_path / "space.yaml"), "--dir", str(tmp_path / "d"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fastrl tune: error:") and expected in err
+
+
 def test_without_optuna_one_line_says_how_to_install_it(tmp_path):
     (tmp_path / "space.yaml").write_text("lr: {type: loguniform, low: 1.0e-4, high: 1.0e-2}\n")
     hide = "import sys; sys.modules['optuna'] = None; from fastrl.cli import main; sys.exit(main(sys.argv[1:]))"
