@@ -1,4 +1,4 @@
-"""The ``fastrl`` console script: ``fastrl train|eval|plot|bench``. Nothing heavy is imported before a command runs,
+"""The ``fastrl`` console script: ``fastrl train|tune|eval|plot|bench``. Nothing heavy is imported before a command runs,
 so ``--help`` answers at once."""
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import sys
 
 from fastrl.config import UserError
 
-USAGE = """usage: fastrl {train,eval,plot,bench} ...
+USAGE = """usage: fastrl {train,tune,eval,plot,bench} ...
 
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
+  fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] [--trial-seeds S] [--trial-steps N]
+              [--dir DIR] [train flags ...]      search hyperparameters with Optuna (pip install "fastrl[tune]");
+                                                 DIR/best.yaml is the best trial's --config (see fastrl tune --help)
   fastrl eval CKPT [--episodes N] [--seeds K] [--stochastic] [--device DEV] [--env ID]   evaluate a checkpoint
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
   fastrl bench [PART ...] [--quick] [--out-dir DIR]                            run benchmarks (see fastrl bench --help)
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         from fastrl.train import main as train_main
         return train_main(rest, prog="fastrl train")
+    if command == "tune":
+        from fastrl.tune import tune_main
+        return tune_main(rest)
     if command == "eval":
         return eval_main(rest)
     if command == "plot":
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         return plot_main(rest)
     if command == "bench":
         return bench_main(rest)
-    print(f"fastrl: error: unknown command {command!r}; use train, eval, plot or bench", file=sys.stderr)
+    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, plot or bench", file=sys.stderr)
     return 2
 
 

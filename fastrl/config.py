@@ -110,9 +110,10 @@ class Config:
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
     n_seeds: int = _f(1, "train this many agents in one process (a population), seeds seed, seed+1, ...; with vary, "
                          "this many seeds per combination (ppo and a2c)")
-    vary: dict = _f({}, "population members with different values: KEY=v1,v2 (repeatable; the grid of all combinations, "
-                        "times n_seeds) for lr, clip_coef, ent_coef, vf_coef, gamma, gae_lambda, max_grad_norm. "
-                        "Member m has seed seed+m")
+    vary: dict = _f({}, "population members with different values: KEY=v1,v2 (repeatable, a key given twice merges its "
+                        "values; the grid of all combinations, times n_seeds; one value applies to every member) for "
+                        "the keys that keep every shape: lr, lr_floor, anneal_lr, clip_coef, anneal_clip, ent_coef, "
+                        "vf_coef, max_grad_norm, gamma, gae_lambda, target_kl, init_log_std. Member m has seed seed+m")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
     run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>); one that already holds a run is "
                           "refused unless resume or overwrite is given. Never read from a YAML file")
@@ -312,7 +313,7 @@ class Config:
             self._validate_actor_learner()
         if self.n_seeds < 1:
             raise UserError(f"n_seeds must be >= 1, got {self.n_seeds}")
-        if self.population_size > 1:
+        if self.population_size > 1 or self.vary:
             self._validate_population()
         return self
 
@@ -434,9 +435,11 @@ def _coerce(name: str, value):
     raise UserError(f"{name}: expected {kind.__name__}, got {value!r}")
 
 
-# What --vary may set (each keeps every tensor's shape, so members share one compiled program), and keys named to
-# explain why not.
-VARY_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "gamma", "gae_lambda", "max_grad_norm")
+# What --vary may set: each is per member in the trainer (a [K] hyperparameter tensor, the member's GAE, LR/clip
+# schedule, early stop or initial weights) and keeps every tensor's shape, so members share one compiled program.
+# SHAPE_KEYS change shapes or the program itself; every other key is shared by the members of one population.
+VARY_KEYS = ("lr", "lr_floor", "anneal_lr", "clip_coef", "anneal_clip", "ent_coef", "vf_coef", "max_grad_norm",
+             "gamma", "gae_lambda", "target_kl", "init_log_std")
 SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
               "activation", "shared_trunk", "env",
               "algo", "n_epochs", "optimizer")
@@ -444,7 +447,8 @@ SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", 
 
 def _coerce_vary(value) -> dict:
     """``vary`` from a mapping ``{key: [v1, v2]}``, a string ``"key=v1,v2"`` or a list of such strings (the repeated
-    flag; ``;`` also separates keys) to ``{key: [float, ...]}``, or raise UserError."""
+    flag, whose repeats merge; ``;`` also separates keys) to ``{key: [value, ...]}`` (repeats dropped), or raise
+    UserError."""
     if isinstance(value, str):
         value = [part for part in value.split(";") if part.strip()]
     if isinstance(value, list):
@@ -452,24 +456,27 @@ def _coerce_vary(value) -> dict:
         for item in value:
             if not isinstance(item, str) or "=" not in item:
                 raise UserError(f"vary: expected KEY=v1,v2,..., got {item!r}")
-            key, _, values = item.partition("=")
-            pairs[key.strip().replace("-", "_")] = [v for v in values.replace(" ", ",").split(",") if v]
+            key, _, values = item.partition("=")  # a key given twice merges its values
+            given = [v for v in values.replace(" ", ",").split(",") if v]
+            pairs.setdefault(key.strip().replace("-", "_"), []).extend(given)
         value = pairs
     if not isinstance(value, dict):
         raise UserError(f"vary: expected KEY=v1,v2,... or a mapping of key: [values], got {value!r}")
     out = {}
     for key, values in value.items():
         key = str(key).replace("-", "_")
-        if key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps"):
-            raise UserError(f"vary: {key} cannot vary within one population (it changes shapes or the run itself); "
-                            f"run separate populations for each {key}, or vary one of {', '.join(VARY_KEYS)}")
+        if key not in FIELDS:
+            raise UserError(f"vary: unknown config key {key!r}; the keys that can vary are {', '.join(VARY_KEYS)}")
         if key not in VARY_KEYS:
-            hint = f"unknown config key {key!r}" if key not in FIELDS else f"{key} cannot vary"
-            raise UserError(f"vary: {hint}; the keys that can vary are {', '.join(VARY_KEYS)}")
+            shape = key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps")
+            why = "it changes shapes or the run itself" if shape else "the members of one population share it"
+            raise UserError(f"vary: {key} cannot vary within one population ({why}): run one population per {key} "
+                            f"value (fastrl tune groups its trials so), or vary one of {', '.join(VARY_KEYS)}")
         values = values if isinstance(values, list) else [values]
         if not values:
             raise UserError(f"vary: {key} needs at least one value (KEY=v1,v2)")
-        out[key] = [_coerce(key, v) for v in values]
+        coerced = [_coerce(key, v) for v in values]
+        out[key] = [v for i, v in enumerate(coerced) if v not in coerced[:i]]  # a repeated value is one variant
     return out
 
 

@@ -128,6 +128,41 @@ def write_tensorboard(writer, record: dict, step: int) -> None:
             writer.add_scalar(key, value, step)
 
 
+# At K > 1 the run's own row is the members' means (across variants too): TensorBoard keeps only what is the whole
+# population's, and each member's figures go to its own run.
+POPULATION_KEYS = ("charts/SPS", "time/")
+
+
+class TensorBoardRuns:
+    """A run's TensorBoard event writers: ``tb/`` for the run's rows and, for a population (``n_members`` > 1), one
+    run per member, ``tb/<variant>-seed<k>/`` (``fastrl.population.run_name``), so TensorBoard overlays the members;
+    each is plotted against its member's own env steps (``member_step``), and ``tb/`` keeps the population's SPS and
+    timings, at the per-member step too. A writer opens at its member's first row."""
+
+    def __init__(self, tb_dir: Path, start_step: int, n_members: int = 1):
+        self.tb_dir, self.start_step, self.n_members = Path(tb_dir), start_step, n_members
+        self.root = open_tensorboard(self.tb_dir, start_step)
+        self.members: dict = {}
+
+    def write(self, record: dict, step: int) -> None:
+        if self.n_members == 1:
+            return write_tensorboard(self.root, record, step)
+        member_step = record.get("member_step", step // self.n_members)
+        if "member" not in record:
+            return write_tensorboard(self.root, {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)},
+                                     member_step)
+        from fastrl.population import run_name
+        name = run_name(record.get("variant", ""), record["seed"])
+        if name not in self.members:
+            (self.tb_dir / name).mkdir(parents=True, exist_ok=True)
+            self.members[name] = open_tensorboard(self.tb_dir / name, self.start_step // self.n_members)
+        write_tensorboard(self.members[name], {k: v for k, v in record.items() if k not in _MEMBER_LABELS}, member_step)
+
+    def close(self) -> None:
+        for writer in (self.root, *self.members.values()):
+            writer.close()
+
+
 def open_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str, start_step: int):
     """A fresh run logs one wandb run. A resumed one (``start_step`` > 0) continues the series: online, as a
     fork of the previous segment at ``start_step`` (wandb keeps history append-only, so the crashed tail past
@@ -166,8 +201,8 @@ _MEMBER_LABELS = ("global_step", "member", "seed", "member_step", "variant")
 
 
 def member_series(record: dict) -> dict:
-    """TensorBoard and wandb keep one series per name: a population member's row (``member`` m, see
-    ``fastrl.population``) goes to ``member<m>/<name>``; metrics.jsonl keeps the row as it is."""
+    """wandb keeps one series per name: a population member's row (``member`` m, see ``fastrl.population``) goes to
+    ``member<m>/<name>``; metrics.jsonl keeps the row as it is (TensorBoard: ``TensorBoardRuns``)."""
     if "member" not in record:
         return record
     prefix = f"member{record['member']}/"
@@ -200,14 +235,17 @@ class RunLogger(NullLogger):
     """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``."""
 
     def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int = 0, tensorboard: bool = True,
-                 wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = ""):
+                 wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = "",
+                 n_members: int = 1):
         self.run_dir = Path(run_dir)
         # Unbuffered bytes: each row is one write, and a row a full disk cut short is cut off again (see log).
         self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
         self.sinks: list[BackgroundSink] = []
         if tensorboard:
-            self.sinks.append(BackgroundSink("TensorBoard", lambda: open_tensorboard(self.run_dir / "tb", start_step),
-                                             write_tensorboard, lambda writer: writer.close()))
+            self.sinks.append(BackgroundSink("TensorBoard", lambda: TensorBoardRuns(self.run_dir / "tb", start_step,
+                                                                                  n_members),
+                                             lambda runs, record, step: runs.write(record, step),
+                                             lambda runs: runs.close()))
         if wandb_mode != "disabled":
             self.sinks.append(BackgroundSink(
                 "wandb", lambda: open_wandb(self.run_dir, config, wandb_mode, wandb_project,
@@ -225,9 +263,8 @@ class RunLogger(NullLogger):
         record = {"global_step": int(step)}
         record.update({k: _plain(v) for k, v in metrics.items()})
         self._write_row((json.dumps(record) + "\n").encode())
-        series = member_series(record)
         for sink in self.sinks:
-            sink.log(series, step)
+            sink.log(record if sink.name == "TensorBoard" else member_series(record), step)
 
     def _write_row(self, data: bytes) -> None:
         """Append one row; on a failure (a full disk) cut the file back to its last whole row and raise a one-line

@@ -133,9 +133,11 @@ def evaluation_figures(per_member: list) -> dict:
 
 
 def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
-    """summary.json's ``n_members``, ``members`` and the aggregates of the members' final figures (mean, std, IQM with
-    a bootstrap 95% interval): for the last-100 training return and the final evaluation."""
-    from fastrl.population import aggregate
+    """summary.json's ``n_members``, ``members`` and the aggregates of the members' final figures (mean, median, std,
+    IQM with a bootstrap 95% interval): for the last-100 training return and the final evaluation. Members of more
+    than one variant: ``variants`` holds them per variant, over its seeds, and nothing is aggregated across
+    variants."""
+    from fastrl.population import aggregate, variant_summaries
     members = []
     for m in range(trainer.n_members):
         recent = trainer.member_episode_summary(m)
@@ -144,11 +146,32 @@ def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
                         "steps_to_return": reached[m][0] if reached[m] else None,
                         "time_to_return_s": reached[m][1] if reached[m] else None})
     out = {"n_members": trainer.n_members, "members": members}
+    variants = variant_summaries(members, seed=trainer.cfg.seed) if trainer.n_members > 1 else []
+    if len(variants) > 1:
+        return {**out, "variants": variants}
     for key in ("episode_return_mean", "eval_return_mean"):
         values = [row[key] for row in members if row[key] is not None]
         if values:
             out[f"members_{key}"] = aggregate(values, seed=trainer.cfg.seed)
     return out
+
+
+def member_labels(trainer, m: int) -> dict:
+    """What names member m's row in metrics.jsonl and its TensorBoard run: ``member``, ``seed``, ``variant``,
+    ``member_step``."""
+    from fastrl.population import variant_name
+    info = trainer.member_info(m)
+    return {"member": m, "seed": info["seed"], "variant": variant_name(info["hyperparameters"]),
+            "member_step": trainer.global_step // trainer.n_members}
+
+
+def write_members(run_dir: Path, trainer) -> None:
+    """``members.yaml`` beside ``config.yaml``: each member's index, seed and variant values (``members_record``)."""
+    import yaml
+    from fastrl.population import members_record
+    record = members_record([trainer.member_info(m) for m in range(trainer.n_members)])
+    (run_dir / "members.yaml").write_text("# member m ran config.yaml with these values (n_seeds 1, no vary)\n"
+                                          + yaml.safe_dump(record, sort_keys=False))
 
 
 def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | None:
@@ -189,8 +212,10 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     logger = NullLogger()
     if dist_info.is_main:
         write_config(run_dir, cfg)
+        if cfg.vary or n_members > 1:
+            write_members(run_dir, trainer)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
-                           cfg.wandb_project, cfg.progress)
+                           cfg.wandb_project, cfg.progress, n_members=n_members)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
                             m.max_nonfinite_iterations) for m in trainer.members]
     threshold = None  # (steps, seconds) when stop_at_return was reached (by every member)
@@ -296,13 +321,16 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
                 if n_members > 1:
                     for m, (mean, std) in enumerate(member_eval):
-                        logger.log({"member": m, "eval/return_mean": mean, "eval/return_std": std}, trainer.global_step)
+                        logger.log({**member_labels(trainer, m), "eval/return_mean": mean, "eval/return_std": std},
+                                   trainer.global_step)
             if cfg.capture_video and stop["stop"] is None and env_error is None:
                 v = cfg.video_member
                 record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",
                               trainer.device)
             summary["run_dir"] = str(run_dir)
         summary.update(members_summary(trainer, member_eval, reached))
+        if "variants" in summary:  # the members' means would mix variants: the figures are per variant
+            summary["episode_return_mean"] = summary["eval_return_mean"] = summary["eval_return_std"] = None
         hashes = distributed.gather_objects(distributed.parameter_hash(trainer.agent))
         if dist_info.is_main:
             summary["world_size"] = dist_info.world_size

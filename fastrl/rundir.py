@@ -242,7 +242,8 @@ def clear_run(path: Path) -> None:
 
 
 # The keys of the final evaluation's own rows (loop.py logs them at the last step, after the final checkpoint).
-_FINAL_EVAL_KEYS = {"global_step", "member", "eval/return_mean", "eval/return_std", "eval/return_min"}
+_FINAL_EVAL_KEYS = {"global_step", "member", "seed", "variant", "member_step", "eval/return_mean", "eval/return_std",
+                    "eval/return_min"}
 
 
 def rewind_logs(run_dir: Path, step: int, drop_final_eval: bool = False) -> int:

@@ -179,16 +179,17 @@ def _load_resume_state(trainer, state: dict, run_dir) -> None:
                             f"{at_least} or more to train on")
 
 
-def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device):
+def make_trainer(cfg: Config, dist_info: distributed.DistInfo, device, members: list | None = None):
     if cfg.algo in ACTOR_LEARNER_ALGOS:
         from fastrl.actor_learner import ActorLearnerTrainer
         return ActorLearnerTrainer(cfg, device)
     from fastrl.trainer import Trainer
-    return Trainer(cfg, dist_info, device)
+    return Trainer(cfg, dist_info, device, members=members)
 
 
-def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
-    """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary."""
+def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: list | None = None) -> dict:
+    """Train ``cfg`` to its end (or a stop signal, ``stop_at_return`` or a callback's False) and return the summary.
+    ``members``: a population's member configs when they are not ``cfg``'s grid (``fastrl.tune``)."""
     from fastrl import distributed
     from fastrl.checkpoint import list_checkpoints, load_checkpoint
     from fastrl.console import adjustments, say
@@ -208,7 +209,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=()) -> dict:
             if cfg.origin:
                 say(cfg, f"{cfg.algo} on {cfg.env} with {cfg.origin}; flags override it")
             say(cfg, f"run directory {run_dir}")
-        trainer = make_trainer(cfg, dist_info, device)
+        trainer = make_trainer(cfg, dist_info, device, members)
         if dist_info.is_main:
             for note in adjustments(cfg, trainer):
                 say(cfg, f"note: {note}")
@@ -301,6 +302,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
                                          "run_dir")}
+        if "variants" in summary:  # per variant, over its seeds: never a mean across variants
+            del shown["episode_return_mean"], shown["eval_return_mean"]
+            shown["variants"] = {v["variant"]: {key: {s: v[key][s] for s in ("mean", "median", "iqm")}
+                                                for key in ("episode_return_mean", "eval_return_mean") if key in v}
+                                 for v in summary["variants"]}
         print(json.dumps(shown))
     return 0
 

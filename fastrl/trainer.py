@@ -24,6 +24,7 @@ global minibatch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import statistics
 import time
@@ -41,7 +42,7 @@ from fastrl.config import Config, UserError
 from fastrl.envs import make_env
 from fastrl.models import make_agent
 from fastrl.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_dict, optimizer_state_dict
-from fastrl.population import member_configs, member_hyperparameters, variant_name
+from fastrl.population import member_configs, member_hyperparameters, varied_keys, variant_name
 from fastrl.ppo import compute_advantages, explained_variance
 from fastrl.precision import autocast_factory
 from fastrl.rollout import CompiledRolloutStep, has_fused_step, sampling_noise
@@ -90,13 +91,17 @@ class Trainer:
     """Owns the env, the members' parameters and optimizer state and the ``[T, K * n_envs]`` buffer.
     ``collect()`` then ``update()`` per iteration."""
 
-    def __init__(self, cfg: Config, dist_info: distributed.DistInfo | None = None, device: torch.device | None = None):
+    def __init__(self, cfg: Config, dist_info: distributed.DistInfo | None = None, device: torch.device | None = None,
+                 members: list[Config] | None = None):
+        """``members``: the members' configs when they are not ``cfg``'s grid (``fastrl.tune``'s trials); each differs
+        from ``cfg`` in ``VARY_KEYS`` and its seed only."""
         self.cfg = cfg
         self.dist = dist_info or distributed.DistInfo()
         self.device = device or distributed.resolve_device(cfg.device)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.members = member_configs(cfg)
+        self.members = list(members) if members else member_configs(cfg)
+        self.varied_keys = varied_keys(cfg, self.members)
         self.n_members = k = len(self.members)
         if k > 1 and self.dist.world_size > 1:
             raise UserError("--n-seeds/--vary run in one process; torchrun is not supported with them: drop torchrun, "
@@ -119,10 +124,12 @@ class Trainer:
         self.layout.bind(self.agent, self.params[0])
         self.autocast = autocast_factory(self.device, cfg.amp)
         self.spec = UpdateSpec.of(cfg)
+        if self.spec.algo == "ppo" and any(m.target_kl for m in self.members):  # per member, in hparams
+            self.spec = dataclasses.replace(self.spec, target_kl=max(float(m.target_kl) for m in self.members))
         self.update_fn = Update(self.spec, self.layout, self.autocast)
         self.opt_state = self.update_fn.init_opt_state(self.params)
         self.hparams = {key: torch.zeros(k, dtype=torch.float64 if key == "lr" else torch.float32, device=self.device)
-                        for key in HPARAM_KEYS}
+                        for key in (*HPARAM_KEYS, "target_kl")}
         self.lr_scales = [1.0] * k
         world = self.dist.world_size
         self.steps_per_iteration = k * n * cfg.n_steps * world  # env steps, all members and ranks
@@ -271,7 +278,8 @@ class Trainer:
         values = {"lr": [annealed_lr(m, progress, s) for m, s in zip(self.members, self.lr_scales)],
                   "clip_coef": [annealed_clip_coef(m, progress) for m in self.members],
                   "ent_coef": [m.ent_coef for m in self.members], "vf_coef": [m.vf_coef for m in self.members],
-                  "max_grad_norm": [m.max_grad_norm for m in self.members]}
+                  "max_grad_norm": [m.max_grad_norm for m in self.members],
+                  "target_kl": [m.target_kl if self.spec.target_kl else 0.0 for m in self.members]}
         for key, tensor in self.hparams.items():
             tensor.copy_(torch.tensor(values[key], dtype=tensor.dtype))
 
@@ -344,7 +352,7 @@ class Trainer:
             per_member["losses/explained_variance"] = vmap(explained_variance)(
                 self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid)
             per_member["charts/learning_rate"] = self.hparams["lr"].float()
-            if cfg.anneal_clip:
+            if any(m.anneal_clip for m in self.members):
                 per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
         self._member_metrics = per_member
         self.iteration += 1
@@ -452,7 +460,7 @@ class Trainer:
         from fastrl.loop import episode_metrics  # the loop's names
         rows = []
         for m, member in enumerate(self.members):
-            hyper = member_hyperparameters(member, self.cfg)
+            hyper = member_hyperparameters(member, self.cfg, self.varied_keys)
             row = {"member": m, "seed": member.seed, "member_step": self.global_step // self.n_members,
                    "variant": variant_name(hyper), **hyper, **episode_metrics(self.member_episode_summary(m))}
             row.update({key: value[m].item() for key, value in self._member_metrics.items()})
@@ -461,7 +469,8 @@ class Trainer:
 
     def member_info(self, m: int) -> dict:
         member = self.members[m]
-        return {"member": m, "seed": member.seed, "hyperparameters": member_hyperparameters(member, self.cfg)}
+        return {"member": m, "seed": member.seed,
+                "hyperparameters": member_hyperparameters(member, self.cfg, self.varied_keys)}
 
     # ------------------------------------------------------------------ state
     def member_state(self, m: int) -> dict:

@@ -204,8 +204,9 @@ class Update:
                 sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
             sums["n_updates"] = sums["n_updates"] + applied.float()
             sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
-            if spec.target_kl > 0:
-                active = active & ~(epoch_ends[j] & (stats["approx_kl"] > spec.target_kl))
+            if spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one
+                limit = hparams.get("target_kl", spec.target_kl)
+                active = active & ~(epoch_ends[j] & (limit > 0) & (stats["approx_kl"] > limit))
         return params, opt_state, sums, active
 
     # ------------------------------------------------------------------ the whole update
