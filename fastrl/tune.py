@@ -375,7 +375,9 @@ def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
     for key in overrides:
         if key in NOT_TUNABLE and key != "seed":
             raise UserError(f"--{key.replace('_', '-')} does not apply to fastrl tune: use {NOT_TUNABLE[key]}")
-    base = make_config(overrides, yaml_path, where="command-line flags")
+    from fastrl.train import base_layer  # the env's tuned config (or the general default) when no --config is given
+    yaml_path, under, _ = base_layer(overrides, yaml_path, "command-line flags")
+    base = make_config({**under, **overrides}, yaml_path, where="command-line flags")
     if base.vary or base.n_seeds != 1:
         raise UserError("the base config holds a population (vary/n_seeds): drop it; the space says what varies and "
                         "--trial-seeds how many seeds a trial has")
