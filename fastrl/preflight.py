@@ -43,8 +43,9 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
     check_env_for_actors(cfg)
-    from fastrl.ray_actors import check_ray
-    check_ray(cfg)
+    if cfg.actors == "ray":  # fastrl.ray_actors imports the actor-learner machinery (a second of start-up)
+        from fastrl.ray_actors import check_ray
+        check_ray(cfg)
     observation_shape, observation_dtype, _action_spec = probe_env(cfg)
     check_model(cfg, observation_shape, observation_dtype)
     check_env_mode(cfg, world_size)
