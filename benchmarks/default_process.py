@@ -1,6 +1,6 @@
 """How long does the bare default command, ``python -m fastrl.train``, take as a whole process?
 
-    python -m benchmarks.default_process [--trees . /tmp/startup-base] [--runs 3] [--out FILE]
+    python -m benchmarks.default_process [--trees . /tmp/startup-base] [--runs 3] [--quick] [--out FILE] [--extra FLAGS...]
 
 Each tree (a checkout of fastrl) runs the command as it stands (CartPole, every default: TensorBoard, wandb offline,
 the final evaluation, the plot) in a fresh process with that tree first on ``PYTHONPATH``, ``--runs`` times,
@@ -44,8 +44,11 @@ def main(argv=None) -> int:
     parser.add_argument("--trees", nargs="+", default=["."], help="fastrl checkouts to compare (each on PYTHONPATH)")
     parser.add_argument("--runs", type=int, default=3, help="runs per tree (the median is reported)")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags appended to the command")
+    parser.add_argument("--quick", action="store_true", help="one run per tree of 8k steps (a smoke test of this script)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.runs, args.extra = 1, [*args.extra, "--total-steps", "8192"]
     trees = [Path(tree).resolve() for tree in args.trees]
     info = machine_info()
     rows = []
