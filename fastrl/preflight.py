@@ -142,8 +142,9 @@ def check_env_for_actors(cfg: Config) -> None:
     only (a lambda, a class defined inside a function) cannot reach them."""
     from fastrl.envs import is_process_local
     if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
-        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, defined inside a function or as "
-                        "a lambda: define its class or factory at the top level of a module, or use --algo ppo")
+        what = "a vector env object" if cfg.env.startswith("vector:") else "defined inside a function or as a lambda"
+        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, {what}: define its class or "
+                        "factory at the top level of a module, or use --algo ppo")
 
 
 def check_env_mode(cfg: Config, world_size: int = 1) -> None:

@@ -114,3 +114,9 @@ def test_a_vector_env_name_from_another_process_is_one_line(tmp_path):
     code = main(["train", "--env", "vector:SyncVectorEnv#7", "--total-steps", "32", "--run-dir", str(tmp_path / "r"),
                  *QUIET])
     assert code == 2
+
+
+def test_impala_with_a_vector_env_is_one_line(tmp_path):
+    vector_env = fixed_length_pair()
+    with pytest.raises(UserError, match="cannot rebuild env 'vector:SyncVectorEnv.*', a vector env object"):
+        fastrl.train(env=vector_env, algo="impala", total_steps=32, run_dir=str(tmp_path / "run"), **QUIET_KW)
