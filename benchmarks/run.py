@@ -38,7 +38,7 @@ PARTS = {
     "learning": [("benchmarks.peers", ["--part", "learning"])],
     "impala": [("benchmarks.impala_sps", [])],
     "learner": [("benchmarks.learner", [])],
-    "default": [("benchmarks.default_solve", [])],
+    "default": [("benchmarks.default_solve", []), ("benchmarks.default_process", [])],
 }
 DEFAULT_PARTS = ("envs", "kernels", "rollout", "end-to-end", "peers", "learning")
 ALIASES = {"train_sps": "end-to-end", "end_to_end": "end-to-end", "e2e": "end-to-end"}

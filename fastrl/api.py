@@ -54,9 +54,13 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
         raise UserError(f"config must be a YAML path, a dict or a fastrl Config, got {type(config).__name__}")
     if algo is not None:
         given["algo"] = algo
+    made_vector_env = None
     if env is not None:
+        env, made_vector_env = _vector_env_of(env)
         given["env"] = env_name(env)
     given.update(overrides)
+    if _is_vector_env(env):
+        _fit_to_vector_env(given, env, overrides)
     if isinstance(given.get("policy"), type):
         given["policy"] = policy_name(given["policy"])
     callbacks = check_callbacks(callbacks)
@@ -66,7 +70,44 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
         summary = run(cfg, resume_state, callbacks)
     finally:
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
+        if made_vector_env is not None:
+            made_vector_env.close()  # fastrl called the factory, so fastrl closes what it made
     return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+
+
+def _is_vector_env(env) -> bool:
+    import gymnasium
+    return isinstance(env, gymnasium.vector.VectorEnv)
+
+
+def _vector_env_of(env):
+    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` is called
+    once, and ``made`` is that vector env (which ``train`` closes at the end); anything else is returned as it is
+    (``made`` None). A function that makes a single env is called once more than it would be otherwise: the env it
+    made here is closed at once."""
+    import gymnasium
+    is_class = isinstance(env, type)
+    if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
+        return env, None
+    made = env()
+    if isinstance(made, gymnasium.vector.VectorEnv):
+        return made, made
+    if isinstance(made, gymnasium.Env):
+        made.close()
+    return env, None
+
+
+def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
+    """A user's vector env sets ``n_envs`` (its ``num_envs``) and has no separate envs to evaluate on
+    (``eval_episodes`` 0): asking otherwise is a one-line UserError."""
+    n_envs = vector_env.num_envs
+    if "n_envs" in overrides and overrides["n_envs"] != n_envs:
+        raise UserError(f"n_envs={overrides['n_envs']} but the vector env holds {n_envs} envs: drop n_envs (it comes "
+                        "from the vector env)")
+    if overrides.get("eval_episodes"):
+        raise UserError("a vector env object gives fastrl no separate envs to evaluate on: drop eval_episodes, or "
+                        "pass the id, class or factory of one env (fastrl then builds the vector env itself)")
+    given["n_envs"], given["eval_episodes"] = n_envs, 0
 
 
 def policy_name(cls: type) -> str:

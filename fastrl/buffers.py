@@ -10,9 +10,11 @@ followed the step, the real final observation for truncated episodes). ``advanta
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
 
 from fastrl.envs import ActionSpec
+from fastrl.lazy_dynamo import import_tensordict
+
+TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
 
 
 def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_spec: ActionSpec,

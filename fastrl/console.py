@@ -24,7 +24,7 @@ def ignored_settings(cfg: Config, atari: bool) -> list[str]:
 
 def adjustments(cfg: Config, trainer) -> list[str]:
     """One line per adjustment made to ``cfg``: a budget rounded to whole iterations, settings the env ignores."""
-    from fastrl.envs import is_atari, resolve_env
+    from fastrl.envs import is_atari, is_process_local, resolve_env
     notes = []
     per_iteration = getattr(trainer, "steps_per_iteration", None)
     if per_iteration:  # PPO/A2C run whole iterations (a population's figures are per member)
@@ -33,6 +33,9 @@ def adjustments(cfg: Config, trainer) -> list[str]:
         if actual != cfg.total_steps:
             notes.append(f"total_steps={cfg.total_steps:,} runs as {actual:,}: whole iterations of {per_iteration:,} "
                          f"steps (n_envs x n_steps)")
+    if is_process_local(cfg.env) and cfg.env.startswith("vector:"):
+        notes.append(f"env is your vector env: n_envs={cfg.n_envs} from it, and no evaluation on separate envs "
+                     "(eval_episodes=0; the figures are its training episodes)")
     ignored = ignored_settings(cfg, cfg.env_backend != "gymnasium" and is_atari(resolve_env(cfg.env)[0]))
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)

@@ -300,6 +300,35 @@ def gymnasium_ids() -> frozenset:
 _ENV_FACTORIES: dict = {}
 
 
+# A user's gymnasium.vector.VectorEnv, by the name its run's config carries (this process only; see vector_env_name).
+_VECTOR_ENVS: dict = {}
+
+
+def vector_env_name(vector_env) -> str:
+    """The config name of a user's ``gymnasium.vector.VectorEnv`` instance, registered in this process (for good:
+    ``fastrl.load`` of its run reads its spaces there).
+
+    Training steps it as it is: ``n_envs`` is its ``num_envs``, env i is reset with seed ``seed + i``. It must
+    autoreset as Gymnasium's vector envs do by default (``AutoresetMode.NEXT_STEP``: the step after an episode's
+    end is a reset step, its action ignored, ``valid`` False); a vector env without an ``autoreset_mode`` in its
+    metadata is taken to do so. SAME_STEP and DISABLED are refused, in one line that names the fix."""
+    import gymnasium
+    mode = getattr(vector_env, "metadata", {}).get("autoreset_mode", gymnasium.vector.AutoresetMode.NEXT_STEP)
+    if str(getattr(mode, "value", mode)) != gymnasium.vector.AutoresetMode.NEXT_STEP.value:
+        raise UserError(f"env {type(vector_env).__name__} autoresets in mode {getattr(mode, 'name', mode)}; fastrl "
+                        "needs the reset step after each episode's end: build it with "
+                        "autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP (Gymnasium's default)")
+    for name, known in _VECTOR_ENVS.items():
+        if known is vector_env:
+            return name
+    name, k = f"vector:{type(vector_env).__name__}", 1
+    while name in _VECTOR_ENVS:
+        k += 1
+        name = f"vector:{type(vector_env).__name__}#{k}"
+    _VECTOR_ENVS[name] = vector_env
+    return name
+
+
 def register_env_factory(name: str, factory) -> str:
     """Make the env name ``name`` build each env with ``factory()`` (a gymnasium.Env subclass or a zero-argument
     function returning a gymnasium.Env) in this process. Returns ``name``."""
@@ -326,8 +355,7 @@ def env_name(env) -> str:
         return env
     import gymnasium
     if isinstance(env, gymnasium.vector.VectorEnv):
-        raise UserError(f"env is a vector env ({type(env).__name__}); fastrl builds its own (n_envs copies, and fresh "
-                        "ones for evaluation): pass the single env's class or a zero-argument factory, with n_envs")
+        return vector_env_name(env)
     if isinstance(env, gymnasium.Env):
         raise UserError(f"env is an environment instance ({type(env).__name__}); pass its class or a zero-argument "
                         "factory instead: fastrl builds n_envs copies")
@@ -347,7 +375,7 @@ def env_name(env) -> str:
 
 def is_process_local(env_id: str) -> bool:
     """Whether ``env_id`` names a factory registered in this process only (other processes cannot rebuild it)."""
-    return env_id in _ENV_FACTORIES
+    return env_id in _ENV_FACTORIES or env_id in _VECTOR_ENVS
 
 
 def resolve_env(env_id: str) -> tuple[str, object]:
@@ -356,6 +384,11 @@ def resolve_env(env_id: str) -> tuple[str, object]:
     ``module``; otherwise ``env_id`` itself, with no factory."""
     if env_id in _ENV_FACTORIES:
         return env_id, _ENV_FACTORIES[env_id]
+    if env_id in _VECTOR_ENVS:
+        return env_id, _VECTOR_ENVS[env_id]
+    if env_id.startswith("vector:"):
+        raise UserError(f"env {env_id!r} was a vector env object of another process (or of a run that ended); pass the "
+                        "vector env itself, or the id, class or factory of one env")
     if ":" not in env_id:
         return env_id, None
     module_name, name = env_id.split(":", 1)
@@ -588,6 +621,16 @@ class BatchedEnv:
                     obs_space, act_space = self._env.observation_space, self._env.action_space
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
+        elif lookup_id in _VECTOR_ENVS:
+            # The user's vector env, stepped as it is (its n_envs); a probe (n_envs=1) only reads its spaces.
+            self._env = _VECTOR_ENVS[lookup_id]
+            if n_envs not in (1, self._env.num_envs):
+                raise UserError(f"env {env_id!r} is a vector env of {self._env.num_envs} envs, and fastrl cannot build "
+                                f"{n_envs} more of it (evaluation on separate envs, a population): pass the id, class "
+                                "or factory of one env instead")
+            self.n_envs = n_envs = self._env.num_envs
+            self._user_env = True  # the user's (or fastrl.train's caller's) to close, never this wrapper's
+            obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         else:
             import gymnasium
             # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.
@@ -616,10 +659,10 @@ class BatchedEnv:
             try:
                 self.layout = dict_layout(obs_space)
             except UserError:
-                self._env.close()
+                self.close()
                 raise
         if self.layout is None and getattr(obs_space, "shape", None) is None:
-            self._env.close()
+            self.close()
             raise UserError(f"{env_id!r} has observation space {obs_space}; fastrl handles array (Box) observations, "
                             "Dict observations of them and MiniGrid images: wrap the env to flatten its observations")
         if self.layout is not None:
@@ -706,7 +749,8 @@ class BatchedEnv:
         """Idempotent: the run loop closes its trainer's env before the final evaluation and again on the way out."""
         if not getattr(self, "_closed", False):
             self._closed = True
-            self._env.close()
+            if not getattr(self, "_user_env", False):
+                self._env.close()
 
 
 class RunningMeanStd:

@@ -7,9 +7,11 @@ loss, an advantage normalization or a statistic. A2C's advantages are these too:
 from __future__ import annotations
 
 import torch
-from tensordict import TensorDict
 
 from fastrl import kernels
+from fastrl.lazy_dynamo import import_tensordict
+
+TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
 
 
 def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

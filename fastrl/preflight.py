@@ -43,8 +43,9 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
     check_env_for_actors(cfg)
-    from fastrl.ray_actors import check_ray
-    check_ray(cfg)
+    if cfg.actors == "ray":  # fastrl.ray_actors imports the actor-learner machinery (a second of start-up)
+        from fastrl.ray_actors import check_ray
+        check_ray(cfg)
     observation_shape, observation_dtype, _action_spec = probe_env(cfg)
     check_model(cfg, observation_shape, observation_dtype)
     check_env_mode(cfg, world_size)
@@ -141,8 +142,9 @@ def check_env_for_actors(cfg: Config) -> None:
     only (a lambda, a class defined inside a function) cannot reach them."""
     from fastrl.envs import is_process_local
     if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
-        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, defined inside a function or as "
-                        "a lambda: define its class or factory at the top level of a module, or use --algo ppo")
+        what = "a vector env object" if cfg.env.startswith("vector:") else "defined inside a function or as a lambda"
+        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, {what}: define its class or "
+                        "factory at the top level of a module, or use --algo ppo")
 
 
 def check_env_mode(cfg: Config, world_size: int = 1) -> None:

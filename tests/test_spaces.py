@@ -1,6 +1,6 @@
 """The spaces an SB3 user brings, each trained briefly on a tiny env built for it (tests/fastrl_space_envs.py):
 channels-last images (transposed, an encoder chosen by size), MultiDiscrete and MultiBinary actions, Dict
-observations, separate policy/value widths and a custom nn.Module policy; and the one line a vector env gets."""
+observations, separate policy/value widths and a custom nn.Module policy (a user's VectorEnv: tests/test_vector_env.py)."""
 import numpy as np
 import pytest
 import torch
@@ -85,12 +85,3 @@ def test_a_custom_policy_module_trains_and_reloads(tmp_path):
     local = type("Local", (TinyPolicy,), {})
     local.__qualname__ = "f.<locals>.Local"
     assert "module-level" in one_line_error(fastrl.train, env=MatchTarget, policy=local, **QUIET)
-
-
-def test_a_vector_env_is_one_line():
-    import gymnasium
-    vector_env = gymnasium.vector.SyncVectorEnv([MultiMatch, MultiMatch])
-    try:
-        assert "pass the single env's class" in one_line_error(fastrl.train, env=vector_env, **QUIET)
-    finally:
-        vector_env.close()

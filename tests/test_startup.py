@@ -1,0 +1,44 @@
+"""Start-up cost guards: what the default path imports, and the deferred compiler marks of ``fastrl.lazy_dynamo``.
+
+Each check runs in a fresh interpreter, since ``sys.modules`` is what it looks at."""
+import json
+import subprocess
+import sys
+
+from conftest import QUIET
+
+# Modules a run that compiles nothing, logs to neither TensorBoard nor wandb and uses no Ray/actors never needs.
+UNUSED_ON_THE_DEFAULT_PATH = ("torch._dynamo", "wandb", "tensorboard", "torch.utils.tensorboard", "fastrl.ray_actors",
+                              "fastrl.actor_learner", "ray")
+
+
+def _python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+def test_an_eager_run_without_loggers_imports_no_dynamo_wandb_tensorboard_or_actors(tmp_path):
+    argv = ["--total-steps", "2048", "--compile", "off", "--eval-episodes", "2", "--eval-seeds", "1",
+            "--run-dir", str(tmp_path / "run"), *QUIET]
+    out = _python("import json, sys; from fastrl.train import main; "
+                  f"code = main({argv!r}); "
+                  f"print(json.dumps([code, sorted(m for m in {UNUSED_ON_THE_DEFAULT_PATH!r} if m in sys.modules)]))")
+    code, loaded = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and (tmp_path / "run" / "summary.json").is_file()
+    assert loaded == [], f"the default path imported {loaded}"
+
+
+# The compiler's view of TensorDict's import-time marks: which functorch/foreach callables dynamo lets into a graph,
+# and which tensordict helpers it treats as constant.
+_MARKS = (
+    "import torch, tensordict.utils as u, tensordict.base as b; "
+    "from torch._dynamo import trace_rules; "
+    "fns = [torch._C._functorch._add_batch_dim, torch._C._functorch._remove_batch_dim, b._foreach_copy_]; "
+    "print(json.dumps([[id(f) in trace_rules._allowed_callable_ids for f in fns], "
+    "[getattr(f, '_dynamo_marked_constant', False) for f in (u._lock_warn, u._check_inbuild)]]))")
+
+
+def test_tensordict_through_lazy_dynamo_loads_no_dynamo_and_gets_the_same_marks_once_dynamo_loads():
+    deferred = _python("import json, sys; from fastrl.lazy_dynamo import import_tensordict; import_tensordict(); "
+                       "assert 'torch._dynamo' not in sys.modules, 'dynamo loaded with tensordict'; " + _MARKS)
+    plain = _python("import json, tensordict; " + _MARKS)
+    assert json.loads(deferred) == json.loads(plain) == [[True, True, True], [True, True]]
