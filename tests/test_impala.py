@@ -24,7 +24,7 @@ from fastrl.models import make_agent
 from fastrl.stacked import FlatLayout
 from fastrl.update import VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams, stat_names
 
-from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
+from conftest import QUIET, SUMMARY_KEYS, median_of_seeds, one_line_error
 from reference_update import reference_learner_update, reference_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -249,11 +249,35 @@ def test_config_validation():
         make_config({"algo": "ppo", "n_actors": 3, "n_slots": 8})
 
 
+def test_n_envs_counts_every_actors_envs():
+    """n_envs is the envs of one agent, all its actors together: each actor's env batch, ring slots and share of a
+    learner batch hold n_envs / n_actors; a count that does not split is one line naming both values and the fix.
+    The shipped configs keep their 16 envs per actor."""
+    from fastrl.actor_learner import ActorLearnerTrainer, RolloutCollector
+    cfg = make_config({"algo": "impala", "n_envs": 12, "n_actors": 3, "n_slots": 3, "learner_batch": 2})
+    assert cfg.n_envs_per_actor == 4
+    trainer = ActorLearnerTrainer(cfg, torch.device("cpu"))  # its actors start on the first collect(), not here
+    try:
+        assert trainer.ring.rollout.batch_size == (3, cfg.n_steps, 4)
+        assert trainer.batch.batch_size == (cfg.n_steps, 2 * 4) and trainer.steps_per_update == 2 * cfg.n_steps * 4
+    finally:
+        trainer.close()
+    collector = RolloutCollector(cfg, actor_id=2, restart=0)
+    try:
+        assert collector.obs.shape == (4, 4)
+    finally:
+        collector.close()
+    message = one_line_error(make_config, {"algo": "appo", "n_envs": 10, "n_actors": 4, "n_slots": 4})
+    assert "n_envs=10" in message and "n_actors=4" in message and "multiple of n_actors" in message
+    for name in ("cartpole", "lunarlander", "atari"):
+        assert make_config(yaml_path=str(REPO / "configs" / "impala" / f"{name}.yaml")).n_envs_per_actor == 16, name
+
+
 def test_auto_sync_interval_stays_below_max_policy_lag():
     """Small rollouts make ~10k env steps many updates; the auto interval is capped so rollouts stay usable."""
     from fastrl.actor_learner import ActorLearnerTrainer  # its actors start on the first collect(), not here
-    for values, expected in (({"n_envs": 4, "n_steps": 16, "max_policy_lag": 50}, 25),
-                             ({"n_envs": 16, "n_steps": 32, "max_policy_lag": 0}, 20)):
+    for values, expected in (({"n_envs": 8, "n_steps": 16, "max_policy_lag": 50}, 25),
+                             ({"n_envs": 32, "n_steps": 32, "max_policy_lag": 0}, 20)):
         trainer = ActorLearnerTrainer(make_config({"algo": "impala", **values}), torch.device("cpu"))
         try:
             assert trainer.sync_interval == expected, values
@@ -324,7 +348,7 @@ def test_short_run_summary_and_step_arithmetic(tmp_path):
     assert main(["--config", CARTPOLE, "--run-dir", str(tmp_path), "--total-steps", "8192", "--log-interval", "4",
                  "--eval-episodes", "0", *QUIET]) == 0
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    slot_steps = cfg["n_steps"] * cfg["n_envs"]  # one actor rollout
+    slot_steps = cfg["n_steps"] * cfg["n_envs"] // cfg["n_actors"]  # one actor rollout
     summary = json.loads((tmp_path / "summary.json").read_text())
     missing = (SUMMARY_KEYS | IMPALA_SUMMARY_EXTRAS) - summary.keys()
     assert not missing, f"summary.json lacks {missing}"
@@ -384,7 +408,7 @@ def test_killed_actor_is_restarted_and_training_finishes(tmp_path):
 
 
 def test_sigterm_stops_cleanly_with_checkpoint_and_no_orphans(tmp_path):
-    proc = _train(tmp_path, "--n-actors", "2", "--n-slots", "4", "--n-envs", "4", "--n-steps", "16",
+    proc = _train(tmp_path, "--n-actors", "2", "--n-slots", "4", "--n-envs", "8", "--n-steps", "16",
                   "--total-steps", "100000000", "--log-interval", "5")
     try:
         _wait_for_metrics(proc, tmp_path)

@@ -25,7 +25,7 @@ from fastrl.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
-SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=4, n_steps=16, n_slots=4, device="cpu",
+SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=8, n_steps=16, n_slots=4, device="cpu",
              torch_threads=1, eval_episodes=0, progress=False, tensorboard=False, wandb="disabled", plot=False)
 
 
