@@ -236,7 +236,7 @@ def test_weight_board_round_trip():
 
 def test_config_validation():
     with pytest.raises(UserError, match="n_slots"):
-        make_config({"algo": "impala", "n_actors": 3, "n_slots": 8})
+        make_config({"algo": "impala", "n_envs": 18, "n_actors": 3, "n_slots": 8})
     with pytest.raises(UserError, match="learner_batch"):
         make_config({"algo": "appo", "n_actors": 2, "n_slots": 2, "learner_batch": 4})
     with pytest.raises(UserError, match="normalize"):
