@@ -240,7 +240,8 @@ class RolloutCollector:
     """One actor's envs and CPU policy copy, filling ``[T, N]`` rollouts: the collection code of every actor, a local
     process (``actor_main``) or a Ray actor (``fastrl.ray_actors``).
 
-    Builds the env batch of ``n_envs / n_actors`` (seeded by ``actor_env_seed``) and the policy (1 torch thread, no grad).
+    Builds the env batch of ``n_envs / n_actors`` (seeded by ``actor_env_seed``) and the policy (1 torch thread, no
+    grad).
     ``collect`` runs one rollout into ``RolloutViews``; with ``env_mode`` async the views are filled by
     ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the transitions the
     sync loop would write. Per env step: one policy forward, one env step, slice writes and a ``heartbeat()``; no

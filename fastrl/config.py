@@ -155,8 +155,8 @@ class Config:
     target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")
     # --- IMPALA / APPO (asynchronous actor-learner; n_envs is all actors' together, n_steps per rollout) ---
     n_actors: int = _f(2, "impala/appo: actor processes, each with n_envs / n_actors environments")
-    n_slots: int = _f(8, "impala/appo: shared-memory rollout slots [n_steps, n_envs / n_actors] in the ring (split evenly "
-                         "among actors)")
+    n_slots: int = _f(8, "impala/appo: shared-memory rollout slots [n_steps, n_envs / n_actors] in the ring (split "
+                         "evenly among actors)")
     learner_batch: int = _f(1, "impala/appo: rollouts (slots) the learner stacks into one update batch")
     sync_interval: int = _f(0, "impala/appo: learner updates between weight publications to actors (0 = auto: about every 10k env steps, at most max_policy_lag/2)")
     max_policy_lag: int = _f(50, "impala/appo: drop rollouts whose policy is more than this many updates old (0 keeps all)")

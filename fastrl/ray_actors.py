@@ -97,7 +97,8 @@ class RolloutWorker:
                                      env.action_spec)
         self.views = RolloutViews.of(buffer)
         self.data = {"/".join(k) if isinstance(k, tuple) else k: buffer.get(k).numpy() for k in ROLLOUT_KEYS}
-        self.bootstrap_observation = torch.zeros(cfg.n_envs_per_actor, *env.observation_shape, dtype=env.observation_dtype)
+        self.bootstrap_observation = torch.zeros(cfg.n_envs_per_actor, *env.observation_shape,
+                                                 dtype=env.observation_dtype)
         self.episode_return = torch.zeros(100, dtype=torch.float64)
         self.episode_length = torch.zeros(100, dtype=torch.int64)
         self.newest = (-1, None)  # (version, ObjectRef) of the newest weights announced

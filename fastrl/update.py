@@ -157,7 +157,7 @@ class Update:
                                 normalize_advantage=self.spec.norm_adv, backend="torch")
 
     def vtrace_targets_of(self, target_logp, value, minibatch: tuple) -> tuple:
-        """``(vs, pg_advantage, stats)`` of ``fastrl.impala.vtrace_targets`` from the learner's outputs on a minibatch."""
+        """``fastrl.impala.vtrace_targets``' ``(vs, pg_advantage, stats)`` from the learner's outputs on a minibatch."""
         _, _, _, behavior_logp, valid, reward, done, terminated = minibatch
         return vtrace_targets(behavior_logp, target_logp, value, reward, done, terminated, valid, *self.spec.vtrace)
 
@@ -301,15 +301,14 @@ class Update:
             return tuple(batch[key] for key in VTRACE_KEYS), {}
         if self.spec.algo != "appo":
             return tuple(batch[key] for key in LOSS_KEYS), {}
-        observation, bootstrap_observation, action, behavior_logp, valid, reward, done, terminated = (
-            batch[key] for key in VTRACE_KEYS)
+        learner_inputs = tuple(batch[key] for key in VTRACE_KEYS)
+        observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
         eager = self.eager_agent is not None and not torch.compiler.is_compiling()
         policy = (self.eager_agent.get_action_and_value if eager
                   else partial(self.layout.call, "get_action_and_value", params))
         with torch.no_grad():
             target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast)
-        vs, pg_advantage, stats = vtrace_targets(behavior_logp, target_logp, value, reward, done, terminated, valid,
-                                                 *self.spec.vtrace)
+        vs, pg_advantage, stats = self.vtrace_targets_of(target_logp, value, learner_inputs)
         stats["explained_variance"] = explained_variance(value[:-1], vs, valid.float())
         rows = {"observation": observation, "action": action, "sample_log_prob": behavior_logp,
                 "advantage": pg_advantage, "state_value": value[:-1], "value_target": vs, "valid": valid}
