@@ -26,7 +26,7 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
     from fastrl.config import make_config
 
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = make_config({"algo": algo, "env": env, "n_actors": n_actors, "n_envs": 16, "n_steps": 32,
+        cfg = make_config({"algo": algo, "env": env, "n_actors": n_actors, "n_envs": 16 * n_actors, "n_steps": 32,
                            "n_slots": 4 * n_actors, "learner_batch": 1, "n_minibatches": 1, "sync_interval": sync_interval,
                            "total_steps": total_steps, "lr": 1e-3, "gamma": 0.98, "log_interval": 10,
                            "eval_episodes": 0, "tensorboard": False, "wandb": "disabled", "progress": False,

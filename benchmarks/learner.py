@@ -5,8 +5,8 @@
 
 1. µs per minibatch gradient step (gather, forward, loss, backward, global-norm clip, Adam), the median of
    interleaved repetitions of a block of calls. Contenders, each with its own copy of the weights and optimizer state:
-   - ``eager``: the torch.optim twin, CleanRL's step: the module's forward, ``kernels.ppo_loss``, then
-     ``fastrl.optim.backward_step`` with fused Adam (``make_optimizer``);
+   - ``eager``: the torch.optim twin, CleanRL's step: the module's forward, ``kernels.ppo_loss``, backward,
+     ``clip_grad_norm_`` and fused ``torch.optim.Adam`` (what fastrl ran before the pure update);
    - ``pure_eager``: ``fastrl.update.Update.steps``, one step per call, through the agent module bound to the flat
      weights (``FlatLayout.bind`` + ``update.eager_agent``: what the trainer runs with the update uncompiled);
    - ``pure_func``: the same without the bound module: ``torch.func.grad_and_value`` over ``functional_call``;
@@ -57,7 +57,6 @@ from fastrl.compile import CompiledOrEager, skip_guards
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
 from fastrl.models import ActorCritic, PixelActorCritic
-from fastrl.optim import backward_step, make_optimizer
 from fastrl.stacked import FlatLayout
 from fastrl.update import LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, member_hparams, minibatch_index
 
@@ -168,7 +167,7 @@ class Members:
 def torch_optim_twin(cfg, agent, batch: tuple, index):
     """``call(i)``: CleanRL's minibatch step on the module with fused Adam, on the ``i``-th minibatch's rows."""
     agent = copy.deepcopy(agent)
-    optimizer = make_optimizer(cfg, agent.parameters())
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.lr, eps=cfg.adam_eps, fused=True)
     params = list(agent.parameters())
 
     def call(i: int):
@@ -179,7 +178,10 @@ def torch_optim_twin(cfg, agent, batch: tuple, index):
                                    entropy.float(), valid, clip_coef=cfg.clip_coef, vf_coef=cfg.vf_coef,
                                    ent_coef=cfg.ent_coef, clip_vloss=cfg.clip_vloss,
                                    normalize_advantage=cfg.norm_adv)
-        backward_step(loss, optimizer, params, cfg.max_grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        optimizer.step()
     return call
 
 

@@ -2,8 +2,8 @@
 
     python -m benchmarks.ray_actors [--quick] [--envs CartPole-v1 Breakout-v5] [--rounds 1] [--out FILE]
 
-Each case is a real ``fastrl.train.run`` run with the same shapes for both pools (the same total envs: ``n_actors``
-x ``n_envs``), side by side in one process: ``--actors local`` (spawned processes, shared-memory slots) and
+Each case is a real ``fastrl.train.run`` run with the same shapes for both pools (the same total envs: ``n_envs``, all
+actors' together), side by side in one process: ``--actors local`` (spawned processes, shared-memory slots) and
 ``--actors ray`` (Ray actors on a single-node Ray cluster this script starts on 127.0.0.1, so both pools share the
 same cores). Rates are medians over the log intervals after the first (which holds the actors' start-up). Ray's
 extra columns: ``object store MB/s`` (rollout bytes that reached the learner per second of the run), ``bytes/step``
@@ -23,10 +23,10 @@ from pathlib import Path
 
 from benchmarks.common import default_out, machine_info, markdown_table, package_version, write_json
 
-# Per env: the shapes both pools run (per actor: n_envs envs, n_steps per rollout).
+# Per env: the shapes both pools run (n_envs: all actors' envs together; n_steps per rollout).
 SHAPES = {
-    "CartPole-v1": dict(n_actors=2, n_envs=16, n_steps=32, n_slots=4, learner_batch=1, hidden_sizes=[64, 64]),
-    "Breakout-v5": dict(n_actors=2, n_envs=8, n_steps=32, n_slots=4, learner_batch=1, encoder="nature_cnn",
+    "CartPole-v1": dict(n_actors=2, n_envs=32, n_steps=32, n_slots=4, learner_batch=1, hidden_sizes=[64, 64]),
+    "Breakout-v5": dict(n_actors=2, n_envs=16, n_steps=32, n_slots=4, learner_batch=1, encoder="nature_cnn",
                         gamma=0.99, ent_coef=0.01, env_mode="sync"),
 }
 
@@ -47,8 +47,8 @@ def run_case(env: str, actors: str, total_steps: int) -> dict:
     def med(key):
         return statistics.median(r[key] for r in steady if key in r)
 
-    out = {"env": env, "actors": actors, "n_actors": cfg.n_actors, "n_envs_per_actor": cfg.n_envs,
-           "total_envs": cfg.n_actors * cfg.n_envs, "n_steps": cfg.n_steps, "total_steps": summary["total_steps"],
+    out = {"env": env, "actors": actors, "n_actors": cfg.n_actors, "n_envs_per_actor": cfg.n_envs_per_actor,
+           "total_envs": cfg.n_envs, "n_steps": cfg.n_steps, "total_steps": summary["total_steps"],
            "wall_time_s": summary["wall_time_s"], "actor_steps_per_s": med("charts/actor_sps"),
            "learner_steps_per_s": med("charts/SPS"), "policy_lag_mean": summary["policy_lag_mean"],
            "learner_wait_s": sum(r["queue/learner_wait_s"] for r in steady),

@@ -1,13 +1,14 @@
 """IMPALA / APPO runtime: actor processes, a shared-memory ring of rollout slots, and the learner loop.
 
 Roles
-- Actors (``n_actors`` processes, started with ``spawn``) each own an env batch of ``n_envs`` and a CPU copy
-  of the policy (1 torch thread). They fill ``[n_steps, n_envs]`` rollouts straight into shared-memory
-  slots (no pickling per step) and record the policy version that acted.
+- Actors (``n_actors`` processes, started with ``spawn``) each own an env batch of ``N = n_envs / n_actors`` (the
+  run's ``n_envs`` counts the envs of all actors together) and a CPU copy of the policy (1 torch thread). They fill
+  ``[n_steps, N]`` rollouts straight into shared-memory slots (no pickling per step) and record the policy version
+  that acted.
 - The learner (this process) takes full slots oldest-first, copies them into its ``[T, learner_batch * N]``
-  batch, frees them at once (so actors refill while it learns), computes V-trace and updates
-  (``fastrl.impala``). Every ``sync_interval`` updates it publishes the weights; actors pull them before
-  their next rollout.
+  batch, frees them at once (so actors refill while it learns), and updates its flat weights through the pure
+  update (``fastrl.update.Update``: V-trace, the IMPALA or APPO loss, the optimizer math). Every ``sync_interval``
+  updates it publishes the weights; actors pull them before their next rollout.
 
 Why ``spawn``: the learner has already started torch's OpenMP pool (and, for evaluation, EnvPool thread
 pools) when actors are (re)started; ``fork`` would copy those half-locked pools into the child and can
@@ -42,11 +43,11 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from fastrl import impala
+from fastrl.impala import learner_batch
 from fastrl.loop import TrainerDefaults
 from fastrl.seeding import actor_env_seed, derived_seed, member_generator
-from fastrl.optim import annealed_lr, make_optimizer
-from fastrl.precision import autocast_factory, grad_scaler
+from fastrl.optim import annealed_lr, load_optimizer_state_dict, optimizer_state_dict
+from fastrl.precision import autocast_factory
 from fastrl.async_collect import GroupedRollout, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.buffers import make_rollout_buffer
@@ -54,6 +55,8 @@ from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config, UserError
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
 from fastrl.models import make_agent
+from fastrl.stacked import FlatLayout
+from fastrl.update import Update, UpdateSpec, learner_minibatch_index, member_hparams
 
 START_METHOD = "spawn"
 # The exit status of a spawned child that reached fastrl.train() while importing the parent's script (a script
@@ -237,7 +240,8 @@ class RolloutCollector:
     """One actor's envs and CPU policy copy, filling ``[T, N]`` rollouts: the collection code of every actor, a local
     process (``actor_main``) or a Ray actor (``fastrl.ray_actors``).
 
-    Builds the env batch of ``n_envs`` (seeded by ``actor_env_seed``) and the policy (1 torch thread, no grad).
+    Builds the env batch of ``n_envs / n_actors`` (seeded by ``actor_env_seed``) and the policy (1 torch thread, no
+    grad).
     ``collect`` runs one rollout into ``RolloutViews``; with ``env_mode`` async the views are filled by
     ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the transitions the
     sync loop would write. Per env step: one policy forward, one env step, slice writes and a ``heartbeat()``; no
@@ -249,14 +253,15 @@ class RolloutCollector:
         warnings.filterwarnings("ignore", message=".*precision lowered by casting.*")  # EnvPool's Box spaces, once
         torch.manual_seed(derived_seed(cfg.seed, "actor", 0, actor_id + restart * cfg.n_actors))
         env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
-        seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, cfg.n_envs)
+        n_envs = cfg.n_envs_per_actor
+        seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, n_envs)
         self.grouped = None
-        if resolve_env_mode(cfg, cfg.n_envs) == "async":
+        if resolve_env_mode(cfg, n_envs) == "async":
             from fastrl.trainer import Timer
-            self.env = make_async_env(env_cfg, seed=seed)
+            self.env = make_async_env(env_cfg, n_envs=n_envs, seed=seed)
             self.grouped, self.timer = GroupedRollout(self.env.env), Timer()
         else:
-            self.env = make_env(env_cfg, seed=seed)
+            self.env = make_env(env_cfg, n_envs=n_envs, seed=seed)
         env = self.env
         self.agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
         self.agent.requires_grad_(False)
@@ -336,7 +341,7 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
                 views[turn % len(slots)], ring.bootstrap_observation[slot], ring.episode_return[slot],
                 ring.episode_length[slot], heartbeat)
             ring.commit(slot, version)
-            my_stats[A_STEPS] += cfg.n_steps * cfg.n_envs
+            my_stats[A_STEPS] += cfg.n_steps * cfg.n_envs_per_actor
             my_stats[A_ROLLOUTS] += 1
             my_stats[A_ENV] += env_s
             my_stats[A_POLICY] += policy_s
@@ -459,10 +464,12 @@ class ActorLearnerTrainer(TrainerDefaults):
     """IMPALA / APPO behind the run loop's trainer interface (see ``fastrl.loop``).
 
     ``collect()`` takes ``learner_batch`` full slots from the actors' ring (starting the actors on first use);
-    ``update()`` runs V-trace and the algorithm's gradient steps on them through the shared optimizer step
-    (``fastrl.optim.backward_step``: non-finite updates skipped, ``amp`` autocast, the configured optimizer), and
-    publishes the weights every ``sync_interval`` updates. Owns the agent, optimizer, the
-    ``[T, learner_batch * N]`` batch, the actor pool and the staleness / queue statistics.
+    ``update()`` runs the pure update (``fastrl.update.Update``: V-trace, the IMPALA or APPO loss, clip, non-finite
+    guard, Adam/RMSprop math) on them, and publishes the weights every ``sync_interval`` updates. As the PPO trainer
+    at K = 1 it holds flat weights ``params [1, P]`` (the agent module's parameters are views of ``params[0]``), the
+    optimizer state (``fastrl.optim``) and ``[1]`` hyperparameter tensors (lr, with its schedule, refilled in place
+    each update), and the ``[T, learner_batch * N]`` batch, the actor pool and the staleness / queue statistics.
+    Eager only (``compile`` is refused for impala/appo): the gradient runs through the module bound to the weights.
     """
 
     def __init__(self, cfg: Config, device: torch.device):
@@ -480,11 +487,17 @@ class ActorLearnerTrainer(TrainerDefaults):
         if threads:
             torch.set_num_threads(threads)
         self.agent = make_agent(cfg, obs_shape, action_spec, obs_scale).to(device)
-        self.optimizer = make_optimizer(cfg, self.agent.parameters())
+        self.layout = FlatLayout(self.agent)
+        self.params = self.layout.flatten(self.agent)[None].to(device)
+        self.layout.bind(self.agent, self.params[0])
         self.autocast = autocast_factory(device, cfg.amp)
-        self.scaler = grad_scaler(device, cfg.amp)
+        self.spec = UpdateSpec.of(cfg)
+        self.update_fn = Update(self.spec, self.layout, self.autocast)
+        self.update_fn.eager_agent = self.agent
+        self.opt_state = self.update_fn.init_opt_state(self.params)
+        self.hparams = {key: value[None] for key, value in member_hparams(cfg, device).items()}
         self.obs_shape = obs_shape
-        B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs
+        B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs_per_actor
         self.batch = make_rollout_buffer(T, B * N, obs_shape, obs_dtype, action_spec, device).exclude(
             "advantage", "value_target", "state_value", ("next", "state_value"))
         self.bootstrap_observation = torch.zeros(B * N, *obs_shape, dtype=obs_dtype)
@@ -502,7 +515,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.total_steps = cfg.total_steps
         self.lr_scale = 1.0  # lowered by each rollback
         self.should_stop = lambda: False
-        self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, cfg.n_envs, obs_shape, obs_dtype, action_spec,
+        self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, N, obs_shape, obs_dtype, action_spec,
                              self.episodes.window, shared=cfg.actors == "local")
         if cfg.actors == "ray":  # Ray actors on any node; their rollouts land in this (learner-side) ring
             from fastrl.ray_actors import RayActorPool
@@ -556,7 +569,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         health checks, stop signals) and returning False abandons the gather. Stale slots
         (lag > ``max_policy_lag``) are dropped: their env steps and episodes still count.
         """
-        cfg, N = self.cfg, self.cfg.n_envs
+        cfg, N = self.cfg, self.cfg.n_envs_per_actor
         filled = 0
         while filled < cfg.learner_batch:
             full = ring.full_slots()
@@ -602,16 +615,25 @@ class ActorLearnerTrainer(TrainerDefaults):
                 filled += 1
         return True
 
+    def member_state(self, tree: dict) -> dict:
+        """The one member's entries (views) of ``[1, ...]`` tensors."""
+        return {key: value[0] for key, value in tree.items()}
+
     def update(self) -> dict:
+        """One update of the pure ``Update`` on the gathered batch, written into ``params`` / ``opt_state``."""
         lr = self.current_lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.hparams["lr"].fill_(lr)
         start = time.perf_counter()
         on_device = self.device.type != "cpu"
         batch = self.batch.to(self.device, non_blocking=True) if on_device else self.batch
         boot = self.bootstrap_observation.to(self.device, non_blocking=True) if on_device else self.bootstrap_observation
-        metrics = impala.update(self.agent, self.optimizer, batch, boot, self.cfg, self.generator,
-                                autocast=self.autocast, scaler=self.scaler)
+        inputs = learner_batch(batch, boot)
+        index = learner_minibatch_index(self.spec, *batch.batch_size, self.generator, self.device)
+        if index is not None:
+            inputs["minibatch_index"] = index
+        sums = self.update_fn.in_place(self.params[0], self.member_state(self.opt_state), inputs,
+                                       self.member_state(self.hparams))
+        metrics = {key if "/" in key else f"losses/{key}": value for key, value in sums.items()}
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
         if self.iteration % self.sync_interval == 0:
@@ -663,28 +685,36 @@ class ActorLearnerTrainer(TrainerDefaults):
                 "actor_restarts": self.pool.restarts, "hung_actor_restarts": self.pool.hung_restarts,
                 "policy_lag_mean": lags["sum"] / max(lags["count"], 1), "policy_lag_max": lags["max"],
                 "dropped_rollouts": lags["dropped"], "lost_rollouts": self.pool.lost_rollouts,
-                "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs), "actors": self.cfg.actors,
+                "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs_per_actor), "actors": self.cfg.actors,
                 **self.pool.summary_extras()}
 
     def state_dict(self) -> dict:
-        """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
+        """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work); the optimizer state
+        as ``torch.optim``'s state dict."""
         identity = {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
-        return trainer_state(self, identity, self.episodes.state_dict(), self.generator)
+        optimizer = optimizer_state_dict(self.spec.optimizer, self.update_fn.constants,
+                                         self.member_state(self.opt_state), self.layout.numels, self.layout.shapes,
+                                         float(self.hparams["lr"][0]))
+        return trainer_state(self, optimizer, identity, self.episodes.state_dict(), self.generator)
 
     def load_state_dict(self, state: dict) -> None:
         load_trainer_state(self, state, self.generator)
+        self.params[0].copy_(self.layout.flatten(self.agent).to(self.device))
+        load_optimizer_state_dict(self.spec.optimizer, state["optimizer"], self.member_state(self.opt_state),
+                                  self.layout.numels)
         self.episodes.load_state_dict(state["episode_stats"])
         if self.pool.started:
             self.publish()
 
     def weights_state(self, m: int = 0) -> dict:
-        """What a rollback restores: weights and optimizer moments."""
-        return {"model": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+        """What a rollback restores: weights and optimizer state."""
+        return {"params": self.params[0].clone(), "opt_state": {k: v[0].clone() for k, v in self.opt_state.items()}}
 
     def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
         """Return to ``state``, scale the LR, restart the episode window and hand the weights to the actors."""
-        self.agent.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.params[0].copy_(state["params"])
+        for key, value in state["opt_state"].items():
+            self.opt_state[key][0].copy_(value)
         self.lr_scale *= lr_factor
         self.episodes.restart_window()
         self.publish()

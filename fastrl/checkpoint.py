@@ -162,21 +162,22 @@ def load_rng_state(state: dict, generator: torch.Generator) -> None:
     np.random.set_state((np_state[0], state["numpy"].numpy().astype(np.uint32), *np_state[2:]))
 
 
-def trainer_state(trainer, normalizer: dict, episode_stats: dict, generator: torch.Generator) -> dict:
-    """A trainer's checkpoint: weights, optimizer, counters, config, normalizer, episode statistics and RNG states.
+def trainer_state(trainer, optimizer: dict, normalizer: dict, episode_stats: dict, generator: torch.Generator) -> dict:
+    """A trainer's checkpoint: weights, optimizer (``torch.optim``'s state dict format, ``fastrl.optim``), counters,
+    config, normalizer, episode statistics and RNG states.
 
-    ``trainer`` has ``agent``, ``optimizer``, ``global_step``, ``iteration``, ``lr_scale`` and ``cfg`` (every trainer
-    of ``fastrl.loop`` does), so PPO, A2C, IMPALA and APPO checkpoints share one format."""
-    return {"model": trainer.agent.state_dict(), "optimizer": trainer.optimizer.state_dict(),
+    ``trainer`` has ``agent``, ``global_step``, ``iteration``, ``lr_scale`` and ``cfg`` (every trainer of
+    ``fastrl.loop`` does), so PPO, A2C, IMPALA and APPO checkpoints share one format."""
+    return {"model": trainer.agent.state_dict(), "optimizer": optimizer,
             "global_step": trainer.global_step, "iteration": trainer.iteration, "lr_scale": trainer.lr_scale,
             "config": trainer.cfg.to_dict(), "normalizer": normalizer, "episode_stats": episode_stats,
             "rng": rng_state(generator)}
 
 
 def load_trainer_state(trainer, state: dict, generator: torch.Generator) -> None:
-    """Restore what ``trainer_state`` captured, but the normalizer and episode statistics (the trainer's own)."""
+    """Restore what ``trainer_state`` captured, but the optimizer state, the normalizer and episode statistics (the
+    trainer's own)."""
     trainer.agent.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.global_step, trainer.iteration = int(state["global_step"]), int(state["iteration"])
     trainer.lr_scale = float(state.get("lr_scale", 1.0))
     load_rng_state(state["rng"], generator)

@@ -32,7 +32,7 @@ ALGOS = ("ppo", "a2c", "impala", "appo")
 ACTOR_LEARNER_ALGOS = ("impala", "appo")
 # Per-algorithm defaults, applied over the field defaults (PPO's: ``Config()`` is the embedded default) and under the
 # YAML file and the flags (an A2C or IMPALA run needs no config file).
-_ACTOR_LEARNER_DEFAULTS = dict(n_envs=8, n_steps=32, n_epochs=20, n_minibatches=1, lr=1e-3, clip_vloss=True,
+_ACTOR_LEARNER_DEFAULTS = dict(n_envs=16, n_steps=32, n_epochs=20, n_minibatches=1, lr=1e-3, clip_vloss=True,
                                total_steps=120_000)
 ALGO_DEFAULTS = {
     "ppo": {},
@@ -103,8 +103,9 @@ class Config:
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
                                  "(imports module first, so its Gymnasium registration runs)")
-    n_envs: int = _f(32, "parallel environments of each agent: of each population member, of all torchrun ranks together "
-                        "(split evenly across them unless per_rank); impala/appo: of each actor process")
+    n_envs: int = _f(32, "parallel environments of one agent, all its collectors together: split evenly across "
+                        "torchrun ranks (unless per_rank) and across impala/appo actors; each population member has "
+                        "its own n_envs")
     total_steps: int = _f(250_000, "environment steps to train each agent for (all ranks together; a population: per "
                                    "member)")
     seed: int = _f(1, "run seed; env, torch and sampling seeds derive from it")
@@ -185,9 +186,10 @@ class Config:
     clip_vloss: bool = _f(False, "clip the value loss around the old value")
     norm_adv: bool = _f(True, "normalize advantages per minibatch")
     target_kl: float = _f(0.0, "stop the epoch loop when approx_kl exceeds this (0 disables)")
-    # --- IMPALA / APPO (asynchronous actor-learner; n_envs and n_steps are per actor and per rollout) ---
-    n_actors: int = _f(2, "impala/appo: actor processes, each with its own n_envs environments")
-    n_slots: int = _f(8, "impala/appo: shared-memory rollout slots [n_steps, n_envs] in the ring (split evenly among actors)")
+    # --- IMPALA / APPO (asynchronous actor-learner; n_envs is all actors' together, n_steps per rollout) ---
+    n_actors: int = _f(2, "impala/appo: actor processes, each with n_envs / n_actors environments")
+    n_slots: int = _f(8, "impala/appo: shared-memory rollout slots [n_steps, n_envs / n_actors] in the ring (split "
+                         "evenly among actors)")
     learner_batch: int = _f(1, "impala/appo: rollouts (slots) the learner stacks into one update batch")
     sync_interval: int = _f(0, "impala/appo: learner updates between weight publications to actors (0 = auto: about every 10k env steps, at most max_policy_lag/2)")
     max_policy_lag: int = _f(50, "impala/appo: drop rollouts whose policy is more than this many updates old (0 keeps all)")
@@ -246,6 +248,11 @@ class Config:
     @property
     def batch_size(self) -> int:
         return self.n_envs * self.n_steps
+
+    @property
+    def n_envs_per_actor(self) -> int:
+        """impala/appo: the envs of each actor (``n_envs`` counts all actors' together)."""
+        return self.n_envs // self.n_actors
 
     @property
     def minibatch_size(self) -> int:
@@ -339,14 +346,21 @@ class Config:
                 raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0.0 <= self.vtrace_lambda <= 1.0:
             raise UserError(f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda}")
+        if self.n_envs % self.n_actors:
+            raise UserError(f"n_envs={self.n_envs} (the envs of all actors together) does not split evenly among "
+                            f"n_actors={self.n_actors}: make n_envs a multiple of n_actors")
         if self.n_slots % self.n_actors:
             raise UserError(f"n_slots={self.n_slots} is not divisible by n_actors={self.n_actors}; "
                             "each actor owns n_slots/n_actors slots (2 or more keeps it busy)")
         if self.learner_batch > self.n_slots:
             raise UserError(f"learner_batch={self.learner_batch} exceeds n_slots={self.n_slots}; raise n_slots")
-        if self.algo == "impala" and (self.n_envs * self.learner_batch) % self.n_minibatches:
-            raise UserError(f"impala splits a batch's n_envs*learner_batch={self.n_envs * self.learner_batch} env columns "
+        columns = self.n_envs_per_actor * self.learner_batch  # of a learner batch
+        if self.algo == "impala" and columns % self.n_minibatches:
+            raise UserError(f"impala splits a batch's n_envs/n_actors*learner_batch={columns} env columns "
                             f"into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it (1 = the paper)")
+        if self.algo == "appo" and (columns * self.n_steps) % self.n_minibatches:
+            raise UserError(f"appo splits a batch's n_envs/n_actors*learner_batch*n_steps={columns * self.n_steps} "
+                            f"samples into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it")
         if self.max_policy_lag and self.sync_interval >= self.max_policy_lag:
             raise UserError(f"sync_interval={self.sync_interval} is not below max_policy_lag={self.max_policy_lag}: "
                             "actors would act with weights too old to train on; lower sync_interval or raise max_policy_lag")

@@ -1,6 +1,6 @@
 """Optimizers as pure tensor math over flat parameters, their state in torch.optim's checkpoint format, the LR schedule.
 
-The PPO / A2C update (``fastrl.update``) keeps a member's parameters as one flat float32 vector ``[P]`` (a
+The update of every algorithm (``fastrl.update``) keeps a member's parameters as one flat float32 vector ``[P]`` (a
 population: ``[K, P]``) and its optimizer state as flat tensors of the same shape, so Adam or RMSprop is a handful of
 element-wise ops on one tensor, eagerly or compiled, for one agent or (vmapped) for sixteen:
 
@@ -9,10 +9,9 @@ element-wise ops on one tensor, eagerly or compiled, for one agent or (vmapped) 
     RMSprop: step += 1;  s = a s + (1 - a) g^2;  p -= lr * g / (sqrt(s) + eps)
 
 These equal ``torch.optim.Adam`` (no weight decay, amsgrad or maximize) and ``torch.optim.RMSprop`` (no momentum,
-not centered): ``tests/test_update.py`` steps both from the same state. torch.optim itself remains the reference
-twin in the tests, the optimizer of the IMPALA/APPO learner (``make_optimizer``, ``backward_step``), and the
-checkpoint format: ``optimizer_state_dict`` / ``load_optimizer_state_dict`` convert flat state to and from
-``torch.optim.Optimizer.state_dict()``, so checkpoints of every algorithm share one layout.
+not centered): ``tests/test_update.py`` steps both from the same state. torch.optim itself remains only the reference
+twin in the tests, and the checkpoint format: ``optimizer_state_dict`` / ``load_optimizer_state_dict`` convert flat
+state to and from ``torch.optim.Optimizer.state_dict()``, so checkpoints of every algorithm share one layout.
 """
 from __future__ import annotations
 
@@ -113,46 +112,6 @@ def load_optimizer_state_dict(kind: str, saved: dict, state: dict, numels: list)
         if "step" in entry:
             step = float(entry["step"])
     state["step"].fill_(step)
-
-
-# ---------------------------------------------------------------------------------------------- torch.optim
-def make_optimizer(cfg, params) -> torch.optim.Optimizer:
-    """The torch.optim optimizer ``cfg`` names (the IMPALA/APPO learner's; the tests' reference twin): RMSprop or
-    fused Adam (one kernel for all parameters; its ``found_inf`` lets ``backward_step`` skip a non-finite step
-    without a host sync)."""
-    constants = optimizer_hparams(cfg)
-    if optimizer_name(cfg) == "rmsprop":
-        return torch.optim.RMSprop(params, lr=cfg.lr, **constants)
-    return torch.optim.Adam(params, lr=cfg.lr, eps=constants["eps"], fused=True)
-
-
-def backward_step(loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list, max_grad_norm: float,
-                  sync_grads=None, scaler=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """zero_grad, backward (scaled for fp16), cross-rank sync, unscale, global-norm clip, step.
-
-    Returns ``(grad_norm, nonfinite)`` as 0-d tensors. A NaN/Inf loss or gradient skips the step: on-device
-    through the fused optimizer's ``found_inf`` (no host sync), else with one host check.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    (scaler.scale(loss) if scaler is not None else loss).backward()
-    if sync_grads is not None:
-        sync_grads()
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    if max_grad_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    nonfinite = ~(torch.isfinite(loss.detach()) & torch.isfinite(grad_norm))
-    if scaler is not None:  # the GradScaler already skips steps with non-finite gradients
-        scaler.step(optimizer)
-        scaler.update()
-    elif optimizer.defaults.get("fused"):
-        optimizer.found_inf = nonfinite.float()
-        optimizer.step()
-    elif not bool(nonfinite):
-        optimizer.step()
-    return grad_norm, nonfinite
 
 
 # ---------------------------------------------------------------------------------------------- schedules

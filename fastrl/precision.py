@@ -1,9 +1,9 @@
-"""Mixed precision: the context a model forward runs in, and the fp16 loss scaler of the eager IMPALA learner.
+"""Mixed precision: the context a model forward runs in.
 
 ``autocast_factory(device, amp)`` returns a zero-argument callable giving the context (``torch.autocast`` for
 bf16/fp16, ``nullcontext`` otherwise), always entered with ``with``. Losses, advantages and optimizer state stay
-float32: models return float32 log-probs and values, and the autocast region covers only the forward. The PPO / A2C
-update scales fp16 losses itself (``fastrl.update``, dynamic loss scaling as tensors).
+float32: models return float32 log-probs and values, and the autocast region covers only the forward. The update of
+every algorithm scales fp16 losses itself (``fastrl.update``, dynamic loss scaling as tensors).
 """
 from __future__ import annotations
 
@@ -22,9 +22,3 @@ def autocast_factory(device: torch.device, amp: str):
         raise ValueError("amp=fp16 needs a CUDA device; use amp=bf16 on CPU")
     return functools.partial(torch.autocast, device_type=device.type, dtype=_AMP_DTYPES[amp])
 
-
-def grad_scaler(device: torch.device, amp: str):
-    """fp16 gradients underflow without loss scaling; bf16 has float32's range and needs none."""
-    if amp == "fp16" and device.type == "cuda":
-        return torch.amp.GradScaler("cuda")
-    return None

@@ -153,8 +153,10 @@ def check_env_mode(cfg: Config, world_size: int = 1) -> None:
     if cfg.env_mode != "async":
         return
     from fastrl.async_env import async_unsupported
-    per_process = cfg.per_rank or cfg.algo in ACTOR_LEARNER_ALGOS
-    n_envs = cfg.n_envs if per_process else cfg.n_envs // max(world_size, 1)
+    if cfg.algo in ACTOR_LEARNER_ALGOS:
+        n_envs = cfg.n_envs_per_actor
+    else:
+        n_envs = cfg.n_envs if cfg.per_rank else cfg.n_envs // max(world_size, 1)
     why = async_unsupported(cfg.env, cfg.env_backend, n_envs)
     if why:
         raise UserError(f"env_mode=async: {why}; or use --env-mode sync (or auto)")

@@ -1,9 +1,9 @@
 """IMPALA / APPO actors as Ray actors (``--actors ray``): one learner, the Ray driver, and actors on any node.
 
 Roles
-- ``RolloutWorker`` (a Ray actor, placed by ``--actor-resources``, CPU=1 unless given) owns ``n_envs`` envs and a CPU
-  policy copy and runs the local actors' collection code (``actor_learner.RolloutCollector``: sync or async env
-  mode, the env's own episode statistics) into its own ``[T, N]`` rollout, returned as one object per rollout.
+- ``RolloutWorker`` (a Ray actor, placed by ``--actor-resources``, CPU=1 unless given) owns ``n_envs / n_actors`` envs
+  and a CPU policy copy and runs the local actors' collection code (``actor_learner.RolloutCollector``: sync or async
+  env mode, the env's own episode statistics) into its own ``[T, N]`` rollout, returned as one object per rollout.
 - ``RayActorPool`` (in the learner) is ``ActorPool``'s twin behind the same trainer: it keeps ``n_slots / n_actors``
   rollout calls in flight per actor (a slot is a call in flight or a result not yet trained on), collects results
   as they arrive (``ray.wait``) into the learner-side ``SlotRing`` with the weight version that produced them, and
@@ -93,11 +93,12 @@ class RolloutWorker:
         restart = restart + (1 + os.getpid() % 10_000) * 1_000 if reconstructed else restart
         self.collector = RolloutCollector(cfg, actor_id, restart)
         env = self.collector.env
-        buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs, env.observation_shape, env.observation_dtype,
+        buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs_per_actor, env.observation_shape, env.observation_dtype,
                                      env.action_spec)
         self.views = RolloutViews.of(buffer)
         self.data = {"/".join(k) if isinstance(k, tuple) else k: buffer.get(k).numpy() for k in ROLLOUT_KEYS}
-        self.bootstrap_observation = torch.zeros(cfg.n_envs, *env.observation_shape, dtype=env.observation_dtype)
+        self.bootstrap_observation = torch.zeros(cfg.n_envs_per_actor, *env.observation_shape,
+                                                 dtype=env.observation_dtype)
         self.episode_return = torch.zeros(100, dtype=torch.float64)
         self.episode_length = torch.zeros(100, dtype=torch.int64)
         self.newest = (-1, None)  # (version, ObjectRef) of the newest weights announced
@@ -376,7 +377,7 @@ class RayActorPool:
         self.rollouts_received += 1
         self.bytes_received += nbytes + result["bootstrap_observation"].nbytes
         row = self.stats[actor_id]
-        row[A_STEPS] += self.cfg.n_steps * self.cfg.n_envs
+        row[A_STEPS] += self.cfg.n_steps * self.cfg.n_envs_per_actor
         row[A_ROLLOUTS] += 1
         row[A_WAIT] += result["idle_s"]
         row[A_ENV] += result["env_s"]

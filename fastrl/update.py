@@ -1,4 +1,4 @@
-"""The PPO / A2C update as one pure function of (parameters, optimizer state, batch, hyperparameters).
+"""The PPO / A2C / IMPALA / APPO update as one pure function of (parameters, optimizer state, batch, hyperparameters).
 
     update(params, opt_state, batch, hparams) -> (params, opt_state, metrics)
 
@@ -19,6 +19,16 @@ No host sync and no Python branch on tensor values anywhere, so the same code ru
 argument ``[K, ...]``): that is how a population trains as one program, with per-member hyperparameters.
 A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled).
 
+The IMPALA/APPO learner's batch is time-major: ``VTRACE_KEYS`` (``observation [T, N, ...]``, ``bootstrap_observation
+[N, ...]``, the observation after the last step, and ``[T, N]`` actions, behaviour log-probs, ``valid``, rewards,
+``done``, ``terminated``). Both evaluate the T+1 observations with the learner's weights and take V-trace targets
+from them (``fastrl.impala``; never differentiated):
+
+- IMPALA: per minibatch of env columns (``minibatch_index [n_minibatches, N / n_minibatches]``, None: all columns),
+  V-trace from the current weights, then ``kernels.pg_loss`` over the V-trace advantages (the paper's loss);
+- APPO: V-trace once per batch with the weights before the update, then PPO's steps (the ratio against the behaviour
+  policy) over the ``[T * N]`` rows, ``minibatch_index`` as PPO's.
+
 Eagerly, K members also run without an outer vmap: ``Update.steps`` on ``[K, P]`` parameters (``[K, ...]`` batches,
 ``[K]`` hyperparameters) takes the members' losses through one vmapped forward and one backward of their sum, and
 the clip, guard and optimizer math broadcast over the member axis: the same ops as one member, on bigger tensors.
@@ -31,23 +41,34 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 import torch
-from torch.func import grad_and_value, vmap
+from torch.func import grad_and_value, vjp, vmap
 
 from fastrl import kernels
+from fastrl.impala import learner_forward, vtrace_targets
 from fastrl.optim import init_state, optimizer_hparams, optimizer_name, optimizer_step
+from fastrl.ppo import explained_variance
 from fastrl.stacked import FlatLayout
 
 # The minibatch fields a loss reads, in the order the update takes them.
 LOSS_KEYS = ("observation", "action", "sample_log_prob", "advantage", "state_value", "value_target", "valid")
+# The IMPALA/APPO learner's inputs, time-major (see the module docstring).
+VTRACE_KEYS = ("observation", "bootstrap_observation", "action", "sample_log_prob", "valid", "reward", "done",
+               "terminated")
 HPARAM_KEYS = ("lr", "clip_coef", "ent_coef", "vf_coef", "max_grad_norm")
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "grad_norm")
+VTRACE_STAT_KEYS = ("explained_variance", "vtrace/rho_mean", "vtrace/ratio_mean", "vtrace/rho_clipfrac")
 
 
 def stat_names(algo: str) -> tuple:
-    """The step statistics an update reports: A2C's loss has no ratio, so no approx_kl or clipfrac."""
-    return STAT_KEYS if algo == "ppo" else ("policy_loss", "value_loss", "entropy", "grad_norm")
+    """The step statistics an update reports: A2C's and IMPALA's losses have no ratio, so no approx_kl or clipfrac;
+    IMPALA's V-trace figures change with every step (APPO's are the batch's, computed once)."""
+    if algo in ("ppo", "appo"):
+        return STAT_KEYS
+    plain = ("policy_loss", "value_loss", "entropy", "grad_norm")
+    return plain + VTRACE_STAT_KEYS if algo == "impala" else plain
 _NORM_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 _LOSS_SCALE_GROWTH_INTERVAL = 2000  # torch.amp.GradScaler's
 
@@ -55,7 +76,7 @@ _LOSS_SCALE_GROWTH_INTERVAL = 2000  # torch.amp.GradScaler's
 @dataclass(frozen=True)
 class UpdateSpec:
     """What an update is, beyond its tensors: fixed for a run, shared by every member."""
-    algo: str  # ppo | a2c
+    algo: str  # ppo | a2c | impala | appo
     optimizer: str  # adam | rmsprop
     constants: tuple  # sorted (name, value) pairs of fastrl.optim.optimizer_hparams
     clip_vloss: bool
@@ -64,13 +85,19 @@ class UpdateSpec:
     n_epochs: int
     n_minibatches: int
     loss_scaling: bool  # fp16: dynamic loss scaling
+    vtrace: tuple = ()  # impala/appo: (gamma, rho_bar, c_bar, vtrace_lambda)
 
     @classmethod
     def of(cls, cfg) -> "UpdateSpec":
         a2c = cfg.algo == "a2c"
+        vtrace = ((float(cfg.gamma), float(cfg.rho_bar), float(cfg.c_bar), float(cfg.vtrace_lambda))
+                  if cfg.algo in ("impala", "appo") else ())
+        # IMPALA makes one pass per batch (n_epochs is APPO's), A2C one step; only PPO stops early on target_kl.
         return cls(cfg.algo, optimizer_name(cfg), tuple(sorted(optimizer_hparams(cfg).items())),
-                   bool(getattr(cfg, "clip_vloss", False)), bool(cfg.norm_adv), 0.0 if a2c else float(cfg.target_kl),
-                   1 if a2c else cfg.n_epochs, 1 if a2c else cfg.n_minibatches, cfg.amp == "fp16")
+                   bool(getattr(cfg, "clip_vloss", False)), bool(cfg.norm_adv),
+                   float(cfg.target_kl) if cfg.algo == "ppo" else 0.0,
+                   1 if cfg.algo in ("a2c", "impala") else cfg.n_epochs, 1 if a2c else cfg.n_minibatches,
+                   cfg.amp == "fp16", vtrace)
 
     @property
     def n_steps(self) -> int:
@@ -129,8 +156,54 @@ class Update:
                                 ent_coef=hparams["ent_coef"], clip_vloss=self.spec.clip_vloss,
                                 normalize_advantage=self.spec.norm_adv, backend="torch")
 
+    def vtrace_targets_of(self, target_logp, value, minibatch: tuple) -> tuple:
+        """``fastrl.impala.vtrace_targets``' ``(vs, pg_advantage, stats)`` from the learner's outputs on a minibatch."""
+        _, _, _, behavior_logp, valid, reward, done, terminated = minibatch
+        return vtrace_targets(behavior_logp, target_logp, value, reward, done, terminated, valid, *self.spec.vtrace)
+
+    def vtrace_loss_of(self, target_logp, entropy, value, targets: tuple, minibatch: tuple, hparams: dict):
+        """IMPALA's loss given the learner's outputs on a minibatch of env columns (``target_logp``, ``entropy``
+        ``[T, n]``, ``value [T + 1, n]``) and their V-trace ``targets``: ``kernels.pg_loss``."""
+        vs, pg_advantage, stats = targets
+        valid = minibatch[4]
+        loss, loss_stats = kernels.pg_loss(target_logp, pg_advantage, value[:-1], vs, entropy, valid,
+                                           vf_coef=hparams["vf_coef"], ent_coef=hparams["ent_coef"],
+                                           normalize_advantage=self.spec.norm_adv, backend="torch")
+        return loss, {**loss_stats, **stats,
+                      "explained_variance": explained_variance(value[:-1].detach(), vs, valid.float())}
+
+    def vtrace_gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
+        """IMPALA's ``(grad [P], loss, stats)`` for one member. The V-trace kernel takes plain tensors, so the
+        functional path takes the forward's vector-Jacobian product (``vjp``), computes the targets from its plain
+        outputs, the loss's gradient with respect to those outputs, and pulls that back to the weights."""
+        observation, bootstrap_observation, action = minibatch[:3]
+        scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
+        if self.eager_agent is not None and scale is None and not torch.compiler.is_compiling():
+            with torch.enable_grad():
+                target_logp, entropy, value = learner_forward(self.eager_agent.get_action_and_value, observation,
+                                                              bootstrap_observation, action, self.autocast)
+                targets = self.vtrace_targets_of(target_logp, value, minibatch)
+                loss, stats = self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
+                grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
+            return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
+
+        def forward(p):
+            return learner_forward(partial(self.layout.call, "get_action_and_value", p), observation,
+                                   bootstrap_observation, action, self.autocast)
+        outputs, pullback = vjp(forward, params)
+        targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
+
+        def scaled_loss(target_logp, entropy, value):
+            loss, stats = self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
+            return (loss if scale is None else loss * scale), (loss, stats)
+        cotangents, (_, (loss, stats)) = grad_and_value(scaled_loss, argnums=(0, 1, 2), has_aux=True)(*outputs)
+        grad, = pullback(cotangents)
+        return (grad if scale is None else grad / scale), loss.detach(), stats
+
     def gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
         """``(grad [P], loss, stats)``: the loss's gradient (unscaled again under fp16 loss scaling)."""
+        if self.spec.algo == "impala":
+            return self.vtrace_gradient(params, opt_state, minibatch, hparams)
         if self.eager_agent is not None and not self.spec.loss_scaling and not torch.compiler.is_compiling():
             with torch.enable_grad():
                 loss, stats = self.loss(None, minibatch, hparams)
@@ -195,7 +268,7 @@ class Update:
         stat_keys = stat_names(spec.algo)
         sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
         for j in range(1 if index is None else index.shape[-2]):
-            minibatch = batch if index is None else tuple(_gather_rows(tensor, index, j) for tensor in batch)
+            minibatch = self.minibatch(batch, index, j)
             grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
             params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                           keep=active)
@@ -209,16 +282,67 @@ class Update:
                 active = active & ~(epoch_ends[j] & (limit > 0) & (stats["approx_kl"] > limit))
         return params, opt_state, sums, active
 
+    def minibatch(self, batch: tuple, index, j: int) -> tuple:
+        """Minibatch ``j`` of ``batch`` (``index`` None: the whole batch): rows, or IMPALA's env columns (of every
+        time-major input, and the rows of ``bootstrap_observation``)."""
+        if index is None:
+            return batch
+        if self.spec.algo == "impala":
+            columns = index[j]
+            return tuple(tensor[columns] if key == "bootstrap_observation" else tensor[:, columns]
+                         for key, tensor in zip(VTRACE_KEYS, batch))
+        return tuple(_gather_rows(tensor, index, j) for tensor in batch)
+
     # ------------------------------------------------------------------ the whole update
+    def inputs(self, params, batch: dict) -> tuple:
+        """``(inputs, stats)``: the loss inputs of ``batch`` in the order the steps take them. APPO's are V-trace's
+        ``LOSS_KEYS`` rows ``[T * N]`` from the weights ``params`` before the update, with the batch's V-trace
+        statistics."""
+        if self.spec.algo == "impala":
+            return tuple(batch[key] for key in VTRACE_KEYS), {}
+        if self.spec.algo != "appo":
+            return tuple(batch[key] for key in LOSS_KEYS), {}
+        learner_inputs = tuple(batch[key] for key in VTRACE_KEYS)
+        observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
+        eager = self.eager_agent is not None and not torch.compiler.is_compiling()
+        policy = (self.eager_agent.get_action_and_value if eager
+                  else partial(self.layout.call, "get_action_and_value", params))
+        with torch.no_grad():
+            target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast)
+        vs, pg_advantage, stats = self.vtrace_targets_of(target_logp, value, learner_inputs)
+        stats["explained_variance"] = explained_variance(value[:-1], vs, valid.float())
+        rows = {"observation": observation, "action": action, "sample_log_prob": behavior_logp,
+                "advantage": pg_advantage, "state_value": value[:-1], "value_target": vs, "valid": valid}
+        return tuple(rows[key].flatten(0, 1) for key in LOSS_KEYS), stats
+
     def __call__(self, params, opt_state: dict, batch: dict, hparams: dict):
         """``(params, opt_state, metrics)`` after every minibatch step of one rollout (see the module docstring).
-        ``metrics``: the means of ``STAT_KEYS`` over the applied steps, ``n_updates``, ``nonfinite_updates``."""
-        inputs = tuple(batch[key] for key in LOSS_KEYS)
+        ``metrics``: the means of ``stat_names(algo)`` over the applied steps, ``n_updates``, ``nonfinite_updates``
+        (and APPO's V-trace statistics)."""
+        inputs, stats = self.inputs(params, batch)
         index = batch.get("minibatch_index")
         active = torch.ones((), dtype=torch.bool, device=params.device)
         params, opt_state, sums, _ = self.steps(params, opt_state, inputs, index, hparams, active,
                                                 epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device))
-        return params, opt_state, finish_metrics(sums)
+        return params, opt_state, {**finish_metrics(sums), **stats}
+
+    def in_place(self, params, opt_state: dict, batch: dict, hparams: dict) -> dict:
+        """``__call__``, with ``params`` and ``opt_state`` written in place after every step (the eager module path,
+        ``eager_agent``, reads its weights from ``params``). Returns the metrics."""
+        inputs, stats = self.inputs(params, batch)
+        index = batch.get("minibatch_index")
+        active = torch.ones((), dtype=torch.bool, device=params.device)
+        epoch_ends = epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device)
+        sums = None
+        for j in range(1 if index is None else index.shape[0]):
+            new_params, new_state, part, active = self.steps(params, opt_state, inputs,
+                                                             None if index is None else index[j:j + 1], hparams,
+                                                             active, epoch_ends[j:j + 1])
+            params.copy_(new_params)
+            for key, value in new_state.items():
+                opt_state[key].copy_(value)
+            sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
+        return {**finish_metrics(sums), **stats}
 
 
 def _gather_rows(tensor: torch.Tensor, index: torch.Tensor, j: int) -> torch.Tensor:
@@ -251,3 +375,16 @@ def minibatch_index(batch_size: int, n_epochs: int, n_minibatches: int, generato
 def epoch_end_mask(first: int, count: int, n_minibatches: int, device) -> torch.Tensor:
     """``[count]`` bool: which of minibatch steps ``first .. first + count - 1`` end an epoch."""
     return (torch.arange(first + 1, first + count + 1, device=device) % n_minibatches) == 0
+
+
+def learner_minibatch_index(spec: UpdateSpec, n_steps: int, n_envs: int, generator: torch.Generator,
+                            device) -> torch.Tensor | None:
+    """The IMPALA/APPO learner's ``minibatch_index`` for a ``[n_steps, n_envs]`` batch: IMPALA's env columns
+    (``[n_minibatches, n_envs / n_minibatches]``, one ``randperm``; None with one minibatch: all columns in order),
+    APPO's rows as PPO's (``minibatch_index`` over the ``n_steps * n_envs`` rows)."""
+    if spec.algo == "appo":
+        return minibatch_index(n_steps * n_envs, spec.n_epochs, spec.n_minibatches, generator, device)
+    if spec.n_minibatches == 1:
+        return None
+    order = torch.randperm(n_envs, generator=generator, device=device)
+    return order.view(spec.n_minibatches, n_envs // spec.n_minibatches)

@@ -166,7 +166,7 @@ def test_cli_trains_a_module_id_env(tmp_path):
 def test_impala_actors_rebuild_a_custom_env_by_name(tmp_path):
     """IMPALA's actors are fresh (spawned, daemonic) processes: they import the env class by its module:QualName name
     and step a Gymnasium env in-process (a daemonic process may not start env workers)."""
-    run = fastrl.train(env=MatchTarget, algo="impala", total_steps=512, n_envs=4, n_steps=16, eval_episodes=2,
+    run = fastrl.train(env=MatchTarget, algo="impala", total_steps=512, n_envs=8, n_steps=16, eval_episodes=2,
                        eval_seeds=1, run_dir=str(tmp_path / "impala"), **QUIET)
     assert run.summary["env"] == "fastrl_match_env:MatchTarget" and run.summary["total_steps"] >= 512
     assert run.summary["eval_return_mean"] is not None

@@ -155,8 +155,8 @@ def test_env_mode_choices_and_refusals():
     message = one_line_error(check_env_mode, make_config(dict(env_mode="async", env_backend="gymnasium")))
     assert "EnvPool" in message
     check_env_mode(make_config(dict(env_mode="async", n_envs=8)))
-    check_env_mode(make_config(dict(algo="impala", env_mode="async", n_envs=4)))
-    message = one_line_error(check_env_mode, make_config(dict(algo="appo", env_mode="async", n_envs=5)))
+    check_env_mode(make_config(dict(algo="impala", env_mode="async", n_envs=8)))
+    message = one_line_error(check_env_mode, make_config(dict(algo="appo", env_mode="async", n_envs=10)))
     assert "multiple of 2" in message
 
 
@@ -166,7 +166,7 @@ def test_actor_learner_actors_collect_async(tmp_path, algo):
     import json
 
     from conftest import QUIET as FLAGS, train_main
-    assert train_main(["--algo", algo, "--env-mode", "async", "--n-envs", "4", "--n-steps", "16", "--n-actors", "2",
+    assert train_main(["--algo", algo, "--env-mode", "async", "--n-envs", "8", "--n-steps", "16", "--n-actors", "2",
                        "--n-slots", "4", "--total-steps", "2048", "--eval-episodes", "0", "--run-dir",
                        str(tmp_path), *FLAGS]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())

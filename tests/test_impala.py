@@ -1,6 +1,7 @@
 """IMPALA / APPO: V-trace targets from the learner's T+1 values, reset-step masking, the slot ring and
 weight board protocols, a short run's summary and step arithmetic, learning CartPole (the median of 3 seeds),
 and the faults (SIGKILLed actor, SIGTERM)."""
+import copy
 import json
 import os
 import signal
@@ -18,10 +19,13 @@ from fastrl import kernels
 from fastrl.actor_learner import FILLING, FREE, FULL, SlotRing, WeightBoard
 from fastrl.config import UserError, make_config
 from fastrl.envs import ActionSpec
-from fastrl.impala import appo_update, impala_update, learner_forward, vtrace_targets
+from fastrl.impala import learner_batch, learner_forward, vtrace_targets
 from fastrl.models import make_agent
+from fastrl.stacked import FlatLayout
+from fastrl.update import VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams, stat_names
 
-from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
+from conftest import QUIET, SUMMARY_KEYS, median_of_seeds, one_line_error
+from reference_update import reference_learner_update, reference_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = ActionSpec("discrete", n=2)
@@ -62,7 +66,8 @@ def test_learner_forward_uses_t_plus_one_observations():
     cfg = _cfg()
     agent = _agent(cfg)
     batch, boot = _batch()
-    target_logp, entropy, value = learner_forward(agent, batch["observation"], boot, batch["action"])
+    target_logp, entropy, value = learner_forward(agent.get_action_and_value, batch["observation"], boot,
+                                                  batch["action"])
     assert target_logp.shape == entropy.shape == (6, 3) and value.shape == (7, 3)
     torch.testing.assert_close(value[:-1], agent.get_value(batch["observation"].flatten(0, 1)).view(6, 3))
     torch.testing.assert_close(value[-1], agent.get_value(boot))
@@ -73,14 +78,15 @@ def test_learner_forward_uses_t_plus_one_observations():
 def test_vtrace_targets_bootstrap_truncation_not_termination():
     """On-policy (rho = c = 1): vs at an episode's last step is r + gamma * V(real final obs) when truncated
     and r alone when terminated; both equal the reference twin fed next_value[t] = value[t + 1]."""
-    cfg = _cfg(gamma=0.9)
-    agent = _agent(cfg)
+    agent = _agent(_cfg())
     batch, boot = _batch()
     with torch.no_grad():
-        target_logp, _, value = learner_forward(agent, batch["observation"], boot, batch["action"])
+        target_logp, _, value = learner_forward(agent.get_action_and_value, batch["observation"], boot,
+                                                batch["action"])
     batch["sample_log_prob"] = target_logp.clone()
-    vs, pg_adv, stats = vtrace_targets(batch, target_logp, value, cfg)
     nxt = batch["next"]
+    vs, pg_adv, stats = vtrace_targets(target_logp, target_logp, value, nxt["reward"], nxt["done"], nxt["terminated"],
+                                       batch["valid"], 0.9)
     ref_vs, ref_adv = kernels.vtrace_reference(target_logp, target_logp, nxt["reward"], value[:-1], value[1:],
                                                nxt["done"], nxt["terminated"], 0.9)
     torch.testing.assert_close(vs, ref_vs)
@@ -92,24 +98,95 @@ def test_vtrace_targets_bootstrap_truncation_not_termination():
     assert abs(stats["vtrace/rho_mean"].item() - 1.0) < 1e-5 and stats["vtrace/rho_clipfrac"].item() == 0.0
 
 
+def _learner_cfg(**overrides):
+    """A learner batch of one 2-actor rollout: 6 envs in all, 3 per actor (``_batch``'s N), 6 steps."""
+    return make_config({"algo": "impala", "n_envs": 6, "n_actors": 2, "n_slots": 2, "n_steps": 6, "lr": 3e-3,
+                        "gamma": 0.9, "n_minibatches": 1, **overrides})
+
+
+def _learner_inputs(cfg, batch, boot, seed=0):
+    """The update's batch (``VTRACE_KEYS`` and the minibatch index the learner draws) and the index alone."""
+    index = learner_minibatch_index(UpdateSpec.of(cfg), *batch.batch_size, torch.Generator().manual_seed(seed), "cpu")
+    inputs = learner_batch(batch, boot)
+    return ({**inputs, "minibatch_index": index} if index is not None else inputs), index
+
+
+def _learner_update(cfg, agent, batch, boot, seed=0):
+    """One update the way ``ActorLearnerTrainer`` runs it: the agent bound to flat weights, eager autograd through it,
+    weights and optimizer state written in place after every step. Returns ``(flat weights, metrics)``."""
+    layout = FlatLayout(agent)
+    params = layout.flatten(agent)
+    layout.bind(agent, params)
+    update = Update(UpdateSpec.of(cfg), layout)
+    update.eager_agent = agent
+    inputs, _ = _learner_inputs(cfg, batch, boot, seed)
+    metrics = update.in_place(params, update.init_opt_state(params), inputs, member_hparams(cfg, "cpu"))
+    return params, metrics
+
+
+LEARNER_CASES = [dict(), dict(n_minibatches=3, optimizer="rmsprop"), dict(max_grad_norm=0.05, norm_adv=False),
+                 dict(algo="appo", n_epochs=2, n_minibatches=2), dict(algo="appo", optimizer="rmsprop", n_epochs=1),
+                 dict(algo="appo", n_epochs=3, n_minibatches=3, clip_vloss=False, clip_coef=0.1)]
+
+
+@pytest.mark.parametrize("overrides", LEARNER_CASES,
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "impala")
+def test_learner_update_equals_the_torch_optim_twin(overrides):
+    """The learner's pure update (eager, through the bound module; and functional, what compiles) against torch.optim
+    plus autograd of the same V-trace loss, parameters within 1e-6."""
+    cfg = _learner_cfg(**overrides)
+    agent = _agent(cfg)
+    start = FlatLayout(agent).flatten(agent)
+    twin, functional_agent = copy.deepcopy(agent), copy.deepcopy(agent)
+    batch, boot = _batch()
+    batch["sample_log_prob"] -= 0.3 * torch.rand(6, 3, generator=torch.Generator().manual_seed(5))  # off-policy
+    params, metrics = _learner_update(cfg, agent, batch, boot)
+    inputs, index = _learner_inputs(cfg, batch, boot)
+    counts = reference_learner_update(twin, reference_optimizer(twin, cfg), cfg, learner_batch(batch, boot), index,
+                                      cfg.lr)
+    torch.testing.assert_close(params, FlatLayout(twin).flatten(twin), atol=1e-6, rtol=1e-5)
+    spec = UpdateSpec.of(cfg)
+    assert metrics["n_updates"].item() == counts["n_updates"] == spec.n_steps and counts["nonfinite_updates"] == 0
+    update = Update(spec, FlatLayout(functional_agent))
+    functional, _, _ = update(start, update.init_opt_state(start), inputs, member_hparams(cfg, "cpu"))
+    torch.testing.assert_close(functional, params, atol=1e-6, rtol=1e-5)
+    expected = set(stat_names(cfg.algo)) | {"n_updates", "nonfinite_updates"} | set(VTRACE_STAT_KEYS)
+    assert set(metrics) == expected and all(bool(torch.isfinite(v)) for v in metrics.values()), metrics
+
+
+@pytest.mark.parametrize("algo", ["impala", "appo"])
+def test_compiled_learner_update_equals_eager(algo):
+    """The same pure update under torch.compile(fullgraph=True) on CPU (the V-trace kernel as its registered op)."""
+    cfg = _learner_cfg(algo=algo, n_minibatches=3, **({"n_epochs": 2} if algo == "appo" else {}))
+    agent = _agent(cfg)
+    layout = FlatLayout(agent)
+    update = Update(UpdateSpec.of(cfg), layout)
+    params = layout.flatten(agent)
+    batch, boot = _batch()
+    inputs, _ = _learner_inputs(cfg, batch, boot)
+    hparams = member_hparams(cfg, "cpu")
+    eager, _, eager_metrics = update(params, update.init_opt_state(params), inputs, hparams)
+    compiled = torch.compile(update, backend="aot_eager", fullgraph=True)
+    result, _, metrics = compiled(params, update.init_opt_state(params), inputs, hparams)
+    torch.testing.assert_close(result, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(metrics["policy_loss"], eager_metrics["policy_loss"], atol=1e-5, rtol=1e-5)
+    assert not torch.equal(result, params)
+
+
 @pytest.mark.parametrize("algo", ["impala", "appo"])
 def test_reset_steps_are_masked_out_of_the_update(algo):
     """The action, behaviour log-prob and reward of auto-reset steps (valid False) change nothing."""
-    epochs = {"n_epochs": 1} if algo == "appo" else {}  # IMPALA makes one pass and refuses n_epochs
-    cfg = make_config({"algo": algo, "n_envs": 3, "n_steps": 6, "n_minibatches": 1, **epochs})
+    cfg = _learner_cfg(algo=algo, **({"n_epochs": 1} if algo == "appo" else {}))
     results = []
     for perturb in (False, True):
-        agent = _agent(cfg)
-        optimizer = torch.optim.SGD(agent.parameters(), lr=0.1)
         batch, boot = _batch()
         if perturb:
             invalid = ~batch["valid"]
             batch["action"][invalid] = 1 - batch["action"][invalid]
             batch["sample_log_prob"][invalid] = -5.0
-        update = impala_update if algo == "impala" else appo_update
-        metrics = update(agent, optimizer, batch, boot, cfg) if algo == "impala" else update(
-            agent, optimizer, batch, boot, cfg, torch.Generator().manual_seed(0))
-        results.append((metrics["losses/policy_loss"], torch.nn.utils.parameters_to_vector(agent.parameters())))
+            batch["next", "reward"][invalid] = 3.0
+        params, metrics = _learner_update(cfg, _agent(cfg), batch, boot)
+        results.append((metrics["policy_loss"], params))
     torch.testing.assert_close(results[0][0], results[1][0])
     torch.testing.assert_close(results[0][1], results[1][1])
 
@@ -117,15 +194,14 @@ def test_reset_steps_are_masked_out_of_the_update(algo):
 @pytest.mark.parametrize("n_minibatches", [1, 3])
 def test_impala_update_changes_weights_and_reports(n_minibatches):
     """One step per env-column minibatch; every sample used once (IMPALA makes one pass per batch)."""
-    cfg = _cfg(n_envs=3, n_minibatches=n_minibatches)
+    cfg = _learner_cfg(n_minibatches=n_minibatches)
     agent = _agent(cfg)
-    before = torch.nn.utils.parameters_to_vector(agent.parameters()).clone()
+    before = FlatLayout(agent).flatten(agent)
     batch, boot = _batch()
-    metrics = impala_update(agent, torch.optim.Adam(agent.parameters(), lr=1e-3), batch, boot, cfg,
-                            torch.Generator().manual_seed(0))
-    assert metrics["losses/n_updates"].item() == n_minibatches
-    assert not torch.equal(before, torch.nn.utils.parameters_to_vector(agent.parameters()))
-    for key in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "vtrace/rho_mean", "vtrace/rho_clipfrac"):
+    params, metrics = _learner_update(cfg, agent, batch, boot)
+    assert metrics["n_updates"].item() == n_minibatches
+    assert not torch.equal(before, params)
+    for key in ("policy_loss", "value_loss", "entropy", "vtrace/rho_mean", "vtrace/rho_clipfrac"):
         assert torch.isfinite(metrics[key]), key
 
 
@@ -160,7 +236,7 @@ def test_weight_board_round_trip():
 
 def test_config_validation():
     with pytest.raises(UserError, match="n_slots"):
-        make_config({"algo": "impala", "n_actors": 3, "n_slots": 8})
+        make_config({"algo": "impala", "n_envs": 18, "n_actors": 3, "n_slots": 8})
     with pytest.raises(UserError, match="learner_batch"):
         make_config({"algo": "appo", "n_actors": 2, "n_slots": 2, "learner_batch": 4})
     with pytest.raises(UserError, match="normalize"):
@@ -173,11 +249,35 @@ def test_config_validation():
         make_config({"algo": "ppo", "n_actors": 3, "n_slots": 8})
 
 
+def test_n_envs_counts_every_actors_envs():
+    """n_envs is the envs of one agent, all its actors together: each actor's env batch, ring slots and share of a
+    learner batch hold n_envs / n_actors; a count that does not split is one line naming both values and the fix.
+    The shipped configs keep their 16 envs per actor."""
+    from fastrl.actor_learner import ActorLearnerTrainer, RolloutCollector
+    cfg = make_config({"algo": "impala", "n_envs": 12, "n_actors": 3, "n_slots": 3, "learner_batch": 2})
+    assert cfg.n_envs_per_actor == 4
+    trainer = ActorLearnerTrainer(cfg, torch.device("cpu"))  # its actors start on the first collect(), not here
+    try:
+        assert trainer.ring.rollout.batch_size == (3, cfg.n_steps, 4)
+        assert trainer.batch.batch_size == (cfg.n_steps, 2 * 4) and trainer.steps_per_update == 2 * cfg.n_steps * 4
+    finally:
+        trainer.close()
+    collector = RolloutCollector(cfg, actor_id=2, restart=0)
+    try:
+        assert collector.obs.shape == (4, 4)
+    finally:
+        collector.close()
+    message = one_line_error(make_config, {"algo": "appo", "n_envs": 10, "n_actors": 4, "n_slots": 4})
+    assert "n_envs=10" in message and "n_actors=4" in message and "multiple of n_actors" in message
+    for name in ("cartpole", "lunarlander", "atari"):
+        assert make_config(yaml_path=str(REPO / "configs" / "impala" / f"{name}.yaml")).n_envs_per_actor == 16, name
+
+
 def test_auto_sync_interval_stays_below_max_policy_lag():
     """Small rollouts make ~10k env steps many updates; the auto interval is capped so rollouts stay usable."""
     from fastrl.actor_learner import ActorLearnerTrainer  # its actors start on the first collect(), not here
-    for values, expected in (({"n_envs": 4, "n_steps": 16, "max_policy_lag": 50}, 25),
-                             ({"n_envs": 16, "n_steps": 32, "max_policy_lag": 0}, 20)):
+    for values, expected in (({"n_envs": 8, "n_steps": 16, "max_policy_lag": 50}, 25),
+                             ({"n_envs": 32, "n_steps": 32, "max_policy_lag": 0}, 20)):
         trainer = ActorLearnerTrainer(make_config({"algo": "impala", **values}), torch.device("cpu"))
         try:
             assert trainer.sync_interval == expected, values
@@ -248,7 +348,7 @@ def test_short_run_summary_and_step_arithmetic(tmp_path):
     assert main(["--config", CARTPOLE, "--run-dir", str(tmp_path), "--total-steps", "8192", "--log-interval", "4",
                  "--eval-episodes", "0", *QUIET]) == 0
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    slot_steps = cfg["n_steps"] * cfg["n_envs"]  # one actor rollout
+    slot_steps = cfg["n_steps"] * cfg["n_envs"] // cfg["n_actors"]  # one actor rollout
     summary = json.loads((tmp_path / "summary.json").read_text())
     missing = (SUMMARY_KEYS | IMPALA_SUMMARY_EXTRAS) - summary.keys()
     assert not missing, f"summary.json lacks {missing}"
@@ -308,7 +408,7 @@ def test_killed_actor_is_restarted_and_training_finishes(tmp_path):
 
 
 def test_sigterm_stops_cleanly_with_checkpoint_and_no_orphans(tmp_path):
-    proc = _train(tmp_path, "--n-actors", "2", "--n-slots", "4", "--n-envs", "4", "--n-steps", "16",
+    proc = _train(tmp_path, "--n-actors", "2", "--n-slots", "4", "--n-envs", "8", "--n-steps", "16",
                   "--total-steps", "100000000", "--log-interval", "5")
     try:
         _wait_for_metrics(proc, tmp_path)

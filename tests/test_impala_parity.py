@@ -1,6 +1,7 @@
 """IMPALA/APPO run through the same loop as PPO: the same optimizer step (non-finite skip), flags that work,
 episode statistics from the env's EpisodeStats (the real Atari score), stop_at_return, rollback, and a hung
 actor detected by its heartbeat and restarted."""
+import copy
 import json
 import os
 import signal
@@ -13,10 +14,9 @@ from conftest import QUIET, SUMMARY_KEYS, train_main
 from fastrl.actor_learner import ActorLearnerTrainer, copy_new_episodes, record_episodes
 from fastrl.config import make_config
 from fastrl.envs import BatchedEnv, EpisodeStats, atari_kwargs
-from fastrl.impala import impala_update
 
 CPU = torch.device("cpu")
-SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=4, n_steps=16, n_slots=4, device="cpu",
+SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=8, n_steps=16, n_slots=4, device="cpu",
              torch_threads=1, eval_episodes=0, progress=False, tensorboard=False, wandb="disabled")
 
 
@@ -86,8 +86,7 @@ def test_nonfinite_update_is_skipped_and_counted(algo):
     batch["valid"].fill_(True)
     batch["observation"][0, 0, 0] = float("nan")
     before = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
-    metrics = impala_update(trainer.agent, trainer.optimizer, batch, trainer.bootstrap_observation, cfg) \
-        if algo == "impala" else trainer.update()
+    metrics = trainer.update()
     assert metrics["losses/nonfinite_updates"].item() >= 1
     for key, value in trainer.agent.state_dict().items():
         assert torch.equal(value, before[key]), f"{key} changed on a non-finite update"
@@ -96,7 +95,7 @@ def test_nonfinite_update_is_skipped_and_counted(algo):
 
 def test_flags_reach_the_actor_learner():
     trainer = ActorLearnerTrainer(make_config({**SMALL, "optimizer": "rmsprop", "amp": "bf16"}), CPU)
-    assert isinstance(trainer.optimizer, torch.optim.RMSprop)
+    assert trainer.spec.optimizer == "rmsprop" and set(trainer.opt_state) == {"square_avg", "step"}
     trainer.batch["observation"].normal_()
     trainer.batch["valid"].fill_(True)
     metrics = trainer.update()  # the learner forward under bf16 autocast, float32 losses
@@ -105,10 +104,52 @@ def test_flags_reach_the_actor_learner():
     trainer.close()
 
 
+def _random_batch(trainer, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    trainer.batch["observation"].copy_(torch.randn(trainer.batch["observation"].shape, generator=g))
+    trainer.batch["action"].copy_(torch.randint(0, 2, trainer.batch["action"].shape, generator=g))
+    trainer.batch["sample_log_prob"].copy_(-torch.rand(trainer.batch["sample_log_prob"].shape, generator=g))
+    trainer.batch["next", "reward"].fill_(1.0)
+    trainer.batch["valid"].fill_(True)
+
+
+@pytest.mark.parametrize("algo, optimizer", [("impala", "rmsprop"), ("appo", "adam")])
+def test_checkpoint_resumes_the_same_learner(algo, optimizer):
+    """The learner's checkpoint (optimizer state as torch.optim's state dict) loads into a fresh learner with the same
+    weights and optimizer state, whose next update equals the original's; and torch.optim's own state dict of the
+    same optimizer (an older checkpoint's) loads into the flat state."""
+    cfg = make_config({**SMALL, "algo": algo, "optimizer": optimizer, "n_minibatches": 2,
+                       **({"n_epochs": 2} if algo == "appo" else {})})
+    first, second = ActorLearnerTrainer(cfg, CPU), ActorLearnerTrainer(cfg, CPU)
+    try:
+        _random_batch(first, 0)
+        first.update()
+        state = first.state_dict()
+        moments = {"square_avg"} if optimizer == "rmsprop" else {"exp_avg", "exp_avg_sq"}
+        assert set(state["optimizer"]["state"][0]) == {"step"} | moments
+        second.load_state_dict(state)
+        assert torch.equal(second.params, first.params)
+        assert all(torch.equal(second.opt_state[k], v) for k, v in first.opt_state.items())
+        for trainer in (first, second):
+            _random_batch(trainer, 1)
+            trainer.update()
+        assert torch.equal(second.params, first.params)
+        twin = copy.deepcopy(first.agent)
+        torch_optimizer = (torch.optim.RMSprop(twin.parameters(), lr=cfg.lr, alpha=cfg.rmsprop_alpha,
+                                               eps=cfg.rmsprop_eps) if optimizer == "rmsprop"
+                           else torch.optim.Adam(twin.parameters(), lr=cfg.lr, eps=cfg.adam_eps))
+        torch_optimizer.load_state_dict(first.state_dict()["optimizer"])
+        second.load_state_dict({**first.state_dict(), "optimizer": torch_optimizer.state_dict()})
+        assert all(torch.equal(second.opt_state[k], v) for k, v in first.opt_state.items())
+    finally:
+        first.close()
+        second.close()
+
+
 def test_roll_back_restores_weights_scales_lr_and_publishes():
     trainer = ActorLearnerTrainer(make_config({**SMALL, "anneal_lr": False}), CPU)
-    saved = {k: v.clone() for k, v in trainer.weights_state()["model"].items()}
-    state = {"model": saved, "optimizer": trainer.optimizer.state_dict()}
+    saved = {k: v.clone() for k, v in trainer.agent.state_dict().items()}
+    state = trainer.weights_state()
     with torch.no_grad():
         for p in trainer.agent.parameters():
             p.add_(1.0)

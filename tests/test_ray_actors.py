@@ -25,7 +25,7 @@ from fastrl.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
-SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=4, n_steps=16, n_slots=4, device="cpu",
+SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=8, n_steps=16, n_slots=4, device="cpu",
              torch_threads=1, eval_episodes=0, progress=False, tensorboard=False, wandb="disabled", plot=False)
 
 
@@ -323,7 +323,7 @@ def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):
         assert len(taken) == trainer.iteration * cfg.learner_batch + trainer.lag_totals["dropped"]
         waiting = int(np.count_nonzero(trainer.ring.state_np == FULL))
         assert trainer.pool.rollouts_received == len(taken) + waiting
-        assert trainer.global_step == len(taken) * cfg.n_steps * cfg.n_envs
+        assert trainer.global_step == len(taken) * cfg.n_steps * cfg.n_envs_per_actor
         assert trainer.pool.lost_rollouts == 0 and trainer.pool.publishes >= trainer.iteration
         extras = trainer.summary_extras()
         assert extras["object_store_bytes"] > 0 and extras["rollouts_received"] == trainer.pool.rollouts_received
