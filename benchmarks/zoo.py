@@ -226,6 +226,8 @@ def plot_curves(result: dict, path: Path) -> Path | None:
 def table(rows: list) -> str:
     """The Markdown table of finished rows, then the configs this script does not train (and why)."""
     def fmt(v, spec=",.0f"):
+        if v is not None and abs(v) < 10 and spec in (",.0f", ",.1f"):
+            spec = ".3g"  # small returns (MiniGrid's 0..1) keep their digits
         return "-" if v is None else format(v, spec)
     lines = []
     for r in rows:
@@ -242,6 +244,9 @@ def table(rows: list) -> str:
                "SB3 single run s (projected)", "date", "load"]
     text = markdown_table(headers, lines) if lines else "(no rows yet)"
     skipped = [f"- `{name}`: {why}" for name, why in GPU_CONFIGS.items()]
+    done = {r["config"] for r in rows}
+    skipped += [f"- `{r.config}`: a CPU config not trained yet (`python -m benchmarks.zoo --configs {r.config}`)"
+                for r in ROWS if r.config not in done]
     return text + "\n\nNot in this CPU table:\n" + "\n".join(skipped)
 
 
