@@ -229,6 +229,9 @@ def table(rows: list) -> str:
         if v is not None and abs(v) < 10 and spec in (",.0f", ",.1f"):
             spec = ".3g"  # small returns (MiniGrid's 0..1) keep their digits
         return "-" if v is None else format(v, spec)
+    def busy(r):  # a time taken with the machine loaded is no speed figure (scores stand)
+        load = r.get("load_average_at_start")
+        return " (load >= 1.5 at start: not a speed figure)" if load and load[0] >= 1.5 else ""
     lines = []
     for r in rows:
         vs_zoo = "-" if r.get("zoo") is None or r["eval_median"] is None else \
@@ -237,7 +240,7 @@ def table(rows: list) -> str:
         lines.append([r["config"], fmt(r["budget"]), r["seeds"], fmt(r["eval_median"], ",.1f"),
                       fmt(r["eval_iqm"], ",.1f"), fmt(r["last100_median"], ",.1f"),
                       ", ".join(fmt(v, ",.0f") for v in r["eval_returns"]), fmt(r.get("zoo"), ",.1f"), vs_zoo,
-                      r.get("cleanrl") or "-", fmt(r["process_s"]), fmt(r.get("sb3_sps")), sb3,
+                      r.get("cleanrl") or "-", fmt(r["process_s"]) + busy(r), fmt(r.get("sb3_sps")), sb3,
                       r["timestamp"][:10], r["load_average_at_start"][0] if r["load_average_at_start"] else "-"])
     headers = ["config", "steps/seed", "seeds", "eval median", "eval IQM", "last-100 median", "eval per seed",
                "zoo PPO", "vs zoo", "CleanRL 1M", "fastrl process s (all seeds)", "SB3 steps/s",
