@@ -47,6 +47,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import signal
 import statistics
 import sys
 from dataclasses import dataclass
@@ -450,6 +452,8 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         study.pruner = pruner
         while (done := len(finished_trials(study))) < settings.trials:
             batch = ask_batch(study, params, min(settings.batch, settings.trials - done), retry)
+            if os.environ.get("FASTRL_TUNE_TEST_KILL_AT") == str(done):  # test hook: die with this batch RUNNING
+                os.kill(os.getpid(), signal.SIGKILL)
             if run_batch(study, batch, base, settings, tune_dir / "runs") == "stopped":
                 print(f"fastrl tune: interrupted with {done} of {settings.trials} trials finished; re-run the same "
                       "command to continue the study", file=sys.stderr)
