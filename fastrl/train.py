@@ -123,7 +123,9 @@ def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str 
     if algo != "ppo":
         return None, {}, f"the {algo} defaults (no tuned {algo} config for {env})"
     from fastrl.envs import probe_env
-    _, _, action_spec = probe_env(make_config(given, where=where))
+    # Only what the env is built from: the flags' other values are checked once, against the default they choose.
+    env_keys = ("env", "env_backend", "frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_atari_reward")
+    _, _, action_spec = probe_env(make_config({k: v for k, v in given.items() if k in env_keys}, where=where))
     kind = action_spec.kind  # discrete (MultiDiscrete and MultiBinary included) or continuous
     under = {**GENERAL_DEFAULTS[kind], **_same_minibatch(GENERAL_DEFAULTS[kind], given)}
     return None, under, f"the general PPO default for {kind} actions (CleanRL's settings; no tuned config ships for {env})"
