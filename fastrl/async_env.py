@@ -45,11 +45,16 @@ class AsyncStep:
 
 
 def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = ASYNC_GROUPS,
-                      normalize: bool = False) -> str | None:
-    """Why ``env_id`` cannot run in async mode with ``n_envs`` envs (one line), or None when it can."""
+                      normalize: bool = False, processes: int = 1, who: str = "process") -> str | None:
+    """Why ``env_id`` cannot run in async mode with ``n_envs`` envs per process (one line), or None when it can.
+    ``processes``: how many processes (``who``: actors, ranks) share the run's n_envs, so the fix names the
+    multiple of the run's own n_envs."""
     if resolve_backend(env_id, backend) != "envpool":
         return f"{env_id} runs on the Gymnasium vector env, and async collection needs an EnvPool env"
     if n_envs < n_groups or n_envs % n_groups:
+        if processes > 1:
+            return (f"async collection splits each {who}'s {n_envs} envs into {n_groups} equal groups: make n_envs "
+                    f"(all {processes} {who}s' envs together) a multiple of {n_groups * processes}")
         return (f"async collection splits each process's {n_envs} envs into {n_groups} equal groups: make n_envs a "
                 f"multiple of {n_groups}")
     if normalize:

@@ -205,6 +205,25 @@ def episode_metrics(recent: dict) -> dict:
     return {EPISODE_METRICS.get(key, f"charts/{key}"): value for key, value in recent.items()}
 
 
+def progress_returns(recent: dict, rows: list) -> dict:
+    """The progress line's return figures: the recent mean (over the members of a seeds-only population), or, when
+    the members run different ``--vary`` variants, each variant's mean over its seeds (the best and the worst
+    variant when there are more than three), never one mean across variants."""
+    by_variant: dict = {}
+    for row in rows:
+        by_variant.setdefault(row.get("variant", ""), []).append(row.get("episode_return_mean"))
+    if len(by_variant) <= 1:
+        return {"return": recent.get("episode_return_mean", float("nan"))}
+    means = {name: (sum(v) / len(v) if v and None not in v else float("nan")) for name, v in by_variant.items()}
+    if len(means) <= 3:
+        return {f"return[{name}]": value for name, value in means.items()}
+    ranked = sorted((v, name) for name, v in means.items() if not math.isnan(v))
+    if not ranked:
+        return {"return": float("nan"), "variants": len(means)}
+    (low, worst), (high, best) = ranked[0], ranked[-1]
+    return {f"best[{best}]": high, f"worst[{worst}]": low, "variants": len(means)}
+
+
 def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=()) -> dict:
     """Train to the end of the budget, a stop signal, ``stop_at_return`` or a callback's False; write the run's files;
     return the summary. ``callbacks``: called after every iteration, see ``fastrl.callbacks``."""
@@ -274,8 +293,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 logger.log(record, trainer.global_step)
                 for row in rows:
                     logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
-                logger.progress(trainer.global_step, {"sps": int(sps),
-                                                      "return": recent.get("episode_return_mean", float("nan"))})
+                logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
                 # A population stops once every member is there (episode_return_min), a single run at its mean.
                 lowest = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
                 if cfg.stop_at_return and lowest >= cfg.stop_at_return:

@@ -154,10 +154,11 @@ def check_env_mode(cfg: Config, world_size: int = 1) -> None:
         return
     from fastrl.async_env import async_unsupported
     if cfg.algo in ACTOR_LEARNER_ALGOS:
-        n_envs = cfg.n_envs_per_actor
+        n_envs, processes, who = cfg.n_envs_per_actor, cfg.n_actors, "actor"
     else:
         n_envs = cfg.n_envs if cfg.per_rank else cfg.n_envs // max(world_size, 1)
-    why = async_unsupported(cfg.env, cfg.env_backend, n_envs)
+        processes, who = (1 if cfg.per_rank else max(world_size, 1)), "rank"
+    why = async_unsupported(cfg.env, cfg.env_backend, n_envs, processes=processes, who=who)
     if why:
         raise UserError(f"env_mode=async: {why}; or use --env-mode sync (or auto)")
 

@@ -157,7 +157,12 @@ def test_env_mode_choices_and_refusals():
     check_env_mode(make_config(dict(env_mode="async", n_envs=8)))
     check_env_mode(make_config(dict(algo="impala", env_mode="async", n_envs=8)))
     message = one_line_error(check_env_mode, make_config(dict(algo="appo", env_mode="async", n_envs=10)))
-    assert "multiple of 2" in message
+    assert "each actor's 5 envs" in message and "multiple of 4" in message  # the fix for the run's own n_envs
+    check_env_mode(make_config(dict(algo="appo", env_mode="async", n_envs=12)))
+    message = one_line_error(check_env_mode, make_config(dict(env_mode="async", n_envs=6)), 2)  # 2 ranks: 3 each
+    assert "each rank's 3 envs" in message and "multiple of 4" in message
+    check_env_mode(make_config(dict(env_mode="async", n_envs=8)), 2)
+    check_env_mode(make_config(dict(env_mode="async", n_envs=6, per_rank=True)), 2)  # 6 on each rank
 
 
 @pytest.mark.parametrize("algo", ["impala", "appo"])

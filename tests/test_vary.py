@@ -128,3 +128,18 @@ def test_one_variant_keeps_the_population_figures(tmp_path):
     assert "variants" not in summary and summary["members_episode_return_mean"]["n"] == 2
     assert summary["episode_return_mean"] == pytest.approx(
         statistics.fmean(m["episode_return_mean"] for m in summary["members"]))
+
+
+def test_the_progress_line_shows_each_variant_never_their_mean():
+    from fastrl.loop import progress_returns
+    rows = [{"variant": "lr=0.001", "episode_return_mean": 100.0}, {"variant": "lr=0.001", "episode_return_mean": 200.0},
+            {"variant": "lr=0.0005", "episode_return_mean": 20.0}, {"variant": "lr=0.0005", "episode_return_mean": 40.0}]
+    recent = {"episode_return_mean": 90.0}  # the members' mean, across variants
+    assert progress_returns(recent, rows) == {"return[lr=0.001]": 150.0, "return[lr=0.0005]": 30.0}
+    assert progress_returns(recent, rows[:2]) == {"return": 90.0}  # seeds of one variant: the population's mean
+    assert progress_returns(recent, []) == {"return": 90.0}  # a single run
+    many = [{"variant": f"lr={k}", "episode_return_mean": float(k)} for k in (3, 1, 4, 2)]
+    assert progress_returns(recent, many) == {"best[lr=4]": 4.0, "worst[lr=1]": 1.0, "variants": 4}
+    waiting = rows[:2] + [{"variant": "lr=0.0005"}, {"variant": "lr=0.0005", "episode_return_mean": 40.0}]
+    shown = progress_returns(recent, waiting)  # a variant with a member before its first episode: no figure yet
+    assert shown["return[lr=0.001]"] == 150.0 and shown["return[lr=0.0005]"] != shown["return[lr=0.0005]"]
