@@ -36,7 +36,7 @@ from benchmarks.common import default_out, machine_info, markdown_table, write_j
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", eval_episodes=0, checkpoint_interval=0,
-             total_steps=10**9)
+             total_steps=10**9, stop_at_return=0.0)
 
 # Peak DRAM bandwidth (GB/s) by device name, for when get_device_properties has no memory clock or bus width. The
 # longest key contained in the lower-cased name wins.

@@ -43,7 +43,7 @@ SB3_DEFAULT = dict(n_envs=8, n_steps=2048, n_minibatches=8 * 2048 // 64, n_epoch
                    shared_trunk=False, normalize_obs=False, normalize_reward=False, target_kl=0.0)
 # Whatever the setting: no logging, no evaluation, CPU, nothing that is not the learner or the env.
 QUIET = dict(device="cpu", progress=False, tensorboard=False, wandb="disabled", eval_episodes=0, checkpoint_interval=0,
-             total_steps=10**9)
+             total_steps=10**9, stop_at_return=0.0)  # the tuned CartPole config's own stop rule off
 
 
 # ---------------------------------------------------------------------------------------------- configs

@@ -95,7 +95,7 @@ QUICK_STEPS = 20_000
 def fastrl_command(row: ZooRow, seeds: int, steps: int, run_dir: Path, seed: int = 1) -> list[str]:
     command = [sys.executable, "-m", "fastrl.train", "--config", row.config, "--total-steps", str(steps),
                "--seed", str(seed), "--run-dir", str(run_dir), "--progress", "false", "--wandb", "disabled",
-               "--tensorboard", "false", "--plot", "false"]
+               "--tensorboard", "false", "--plot", "false", "--stop-at-return", "0"]
     return command + (["--n-seeds", str(seeds)] if seeds > 1 else [])
 
 

@@ -23,7 +23,8 @@ def ignored_settings(cfg: Config, atari: bool) -> list[str]:
 
 
 def adjustments(cfg: Config, trainer) -> list[str]:
-    """One line per adjustment made to ``cfg``: a budget rounded to whole iterations, settings the env ignores."""
+    """One line per adjustment made to ``cfg``: a budget rounded to whole iterations, settings the env ignores, a
+    stop rule that may end the run before its budget."""
     from fastrl.envs import is_atari, is_process_local, resolve_env
     notes = []
     per_iteration = getattr(trainer, "steps_per_iteration", None)
@@ -41,4 +42,8 @@ def adjustments(cfg: Config, trainer) -> list[str]:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
         notes.append(f"{flags} {'applies' if len(ignored) == 1 else 'apply'} to Atari envs only; {cfg.env} ignores "
                      f"{'it' if len(ignored) == 1 else 'them'}")
+    if cfg.stop_at_return:
+        who = "every member's" if cfg.population_size > 1 else "the"
+        notes.append(f"stops early once {who} last-100-episode mean return reaches {cfg.stop_at_return:g} "
+                     "(--stop-at-return 0 trains the whole budget)")
     return notes

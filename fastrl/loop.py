@@ -298,6 +298,10 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 lowest = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
                 if cfg.stop_at_return and lowest >= cfg.stop_at_return:
                     threshold = (trainer.global_step, time.perf_counter() - start_time)
+                    if dist_info.is_main and not cfg.quiet:
+                        who = "every member's" if n_members > 1 else "the"
+                        print(f"fastrl: stopped at step {trainer.global_step:,}: {who} last-100-episode mean return "
+                              f"reached {cfg.stop_at_return:g} (stop_at_return)", file=sys.stderr, flush=True)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
                 save_if_finite(trainer, run_dir)

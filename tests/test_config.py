@@ -228,7 +228,9 @@ def test_huge_int_for_float_field_is_user_error():
 def test_embedded_default_matches_cartpole_yaml():
     from pathlib import Path
     yaml_path = Path(__file__).resolve().parent.parent / "configs" / "ppo" / "cartpole.yaml"
-    assert make_config({}, str(yaml_path)) == make_config({})
+    tuned = make_config({}, str(yaml_path))
+    assert tuned.stop_at_return == 475 and Config().stop_at_return == 0  # the tuned config stops once solved
+    assert tuned == make_config({"stop_at_return": 475})
 
 
 # --------------------------------------------------------------------------- per-algorithm keys

@@ -80,7 +80,9 @@ def test_a_piped_run_says_where_it_writes_and_what_it_adjusted(tmp_path):
     assert lines[0] == f"fastrl: run directory {tmp_path / 'run'}"
     assert lines[1] == "fastrl: note: total_steps=3,000 runs as 2,048: whole iterations of 1,024 steps (n_envs x n_steps)"
     assert lines[2] == "fastrl: note: --frame-stack applies to Atari envs only; CartPole-v1 ignores it"
-    assert lines[3].startswith("fastrl: step 1,024/2,048") and lines[-2].startswith("fastrl: step 2,048/2,048")
+    assert lines[3] == ("fastrl: note: stops early once the last-100-episode mean return reaches 475 "
+                        "(--stop-at-return 0 trains the whole budget)")  # the tuned CartPole config's stop rule
+    assert lines[4].startswith("fastrl: step 1,024/2,048") and lines[-2].startswith("fastrl: step 2,048/2,048")
     assert lines[-1].startswith("fastrl: final evaluation: 2 episodes")
     assert "\r" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["run_dir"] == str(tmp_path / "run")
@@ -90,3 +92,17 @@ def test_quiet_prints_only_the_final_json(tmp_path):
     proc = _train(tmp_path, "--quiet")
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1])["total_steps"] == 2048
+
+
+def test_a_stop_rule_is_announced_and_its_stop_said(tmp_path):
+    """15 is under what a random CartPole policy averages (~22), so the first log stops the run: bookkeeping only."""
+    proc = _train(tmp_path, "--no-progress", "--stop-at-return", "15")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert ("fastrl: note: stops early once the last-100-episode mean return reaches 15 (--stop-at-return 0 trains "
+            "the whole budget)") in lines
+    assert "fastrl: stopped at step 1,024: the last-100-episode mean return reached 15 (stop_at_return)" in lines
+    assert json.loads(proc.stdout.splitlines()[-1])["total_steps"] == 1024
+    (tmp_path / "quiet").mkdir()
+    quiet = _train(tmp_path / "quiet", "--quiet", "--stop-at-return", "0")
+    assert quiet.returncode == 0 and quiet.stderr == "" and "stops early" not in quiet.stdout
