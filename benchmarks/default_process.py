@@ -1,13 +1,14 @@
 """How long does the bare default command, ``python -m fastrl.train``, take as a whole process?
 
-    python -m benchmarks.default_process [--trees . /tmp/startup-base] [--runs 3] [--quick] [--out FILE] [--extra FLAGS...]
+    python -m benchmarks.default_process [--trees . /tmp/startup-base] [--runs 3] [--seeds 1 2 3 4 5] [--quick]
+        [--out FILE] [--extra FLAGS...]
 
 Each tree (a checkout of fastrl) runs the command as it stands (CartPole, every default: TensorBoard, wandb offline,
 the final evaluation, the plot) in a fresh process with that tree first on ``PYTHONPATH``, ``--runs`` times,
-interleaved (tree A, tree B, A, B, ...) so load drifts hit all alike. Reported per tree: the median process wall time
-(start to exit), the median training seconds (summary.json's ``wall_time_s``) and the rest (start-up and tear-down),
-and whether its runs learned exactly what the first tree's did (the same seed: equal parameter hashes and episode
-figures). The load average is recorded at the start and the end; figures are worth publishing below 1.5.
+interleaved (tree A, tree B, A, B, ...) so load drifts hit all alike, for each of ``--seeds`` (``--seed S``). Reported
+per tree: the median process wall time (start to exit), the median training seconds (summary.json's ``wall_time_s``)
+and the rest (start-up and tear-down), each seed's steps and final evaluation, and whether its runs learned exactly
+what the first tree's did on the same seed (equal parameter hashes and episode figures). The load average is recorded at the start and the end; figures are worth publishing below 1.5.
 """
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ from benchmarks.common import default_out, load_average, machine_info, markdown_
 LEARNING_KEYS = ("total_steps", "episodes", "episode_return_mean", "eval_return_mean", "param_hashes")
 
 
-def run_once(tree: Path, run_dir: Path, extra: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "fastrl.train", "--run-dir", str(run_dir), *extra]
+def run_once(tree: Path, run_dir: Path, extra: list[str], seed: int | None = None) -> dict:
+    seed_flags = ["--seed", str(seed)] if seed is not None else []
+    cmd = [sys.executable, "-m", "fastrl.train", "--run-dir", str(run_dir), *seed_flags, *extra]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     start = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=run_dir.parent)
     process_s = time.perf_counter() - start
     summary = json.loads((run_dir / "summary.json").read_text())
-    return {"tree": str(tree), "process_s": process_s, "training_s": summary["wall_time_s"],
+    return {"tree": str(tree), "seed": summary.get("seed"), "process_s": process_s, "training_s": summary["wall_time_s"],
             "outside_training_s": process_s - summary["wall_time_s"],
             "learning": {key: summary.get(key) for key in LEARNING_KEYS}}
 
@@ -43,6 +45,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.default_process")
     parser.add_argument("--trees", nargs="+", default=["."], help="fastrl checkouts to compare (each on PYTHONPATH)")
     parser.add_argument("--runs", type=int, default=3, help="runs per tree (the median is reported)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="run each of these seeds (default: the command's own seed)")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="flags appended to the command")
     parser.add_argument("--quick", action="store_true", help="one run per tree of 8k steps (a smoke test of this script)")
     parser.add_argument("--out", default=None)
@@ -54,10 +58,12 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
-            for t, tree in enumerate(trees):
-                rows.append({"run": run, **run_once(tree, Path(tmp) / f"tree{t}-run{run}", args.extra)})
-                print(json.dumps(rows[-1]), flush=True)
-    reference = rows[0]["learning"]
+            for seed in args.seeds or [None]:
+                for t, tree in enumerate(trees):
+                    run_dir = Path(tmp) / f"tree{t}-run{run}-seed{seed}"
+                    rows.append({"run": run, **run_once(tree, run_dir, args.extra, seed)})
+                    print(json.dumps(rows[-1]), flush=True)
+    reference = {r["seed"]: r["learning"] for r in reversed(rows) if r["tree"] == str(trees[0])}
     table = []
     for tree in trees:
         mine = [r for r in rows if r["tree"] == str(tree)]
@@ -65,7 +71,9 @@ def main(argv=None) -> int:
                       "process s (median)": round(statistics.median(r["process_s"] for r in mine), 2),
                       "training s (median)": round(statistics.median(r["training_s"] for r in mine), 2),
                       "outside training s (median)": round(statistics.median(r["outside_training_s"] for r in mine), 2),
-                      "same learning": all(r["learning"] == reference for r in mine)})
+                      "steps per seed": ", ".join(f"{r['learning']['total_steps']:,}" for r in mine),
+                      "eval per seed": ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in mine),
+                      "same learning": all(r["learning"] == reference[r["seed"]] for r in mine)})
     report = {"benchmark": "default_process", "command": "python -m fastrl.train " + " ".join(args.extra), **info,
               "load_average_at_end": load_average(), "runs": rows, "table": table}
     path = write_json(report, args.out or default_out("default_process"))

@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark suite: the entry point, the report generator and the peers' pure pieces."""
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -473,3 +474,18 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     assert "ppo/cartpole" in text and "ppo/atari" in text
     with pytest.raises(SystemExit):
         zoo.main(["--configs", "ppo/atari"])  # a GPU config: refused, with the reason
+
+
+def test_default_process_runs_each_seed(tmp_path):
+    """Each seed runs as its own process (``--seed S``); the table gives each seed's steps and evaluation."""
+    from benchmarks import default_process
+    out = tmp_path / "process.json"
+    tree = str(Path(__file__).resolve().parent.parent)
+    assert default_process.main(["--quick", "--trees", tree, "--seeds", "1", "2", "--out", str(out), "--extra",
+                                 "--wandb", "disabled", "--tensorboard", "false", "--plot", "false"]) == 0
+    report = json.loads(out.read_text())
+    assert [r["seed"] for r in report["runs"]] == [1, 2]
+    assert report["runs"][0]["learning"] != report["runs"][1]["learning"], "the seeds differ"
+    row, = report["table"]
+    assert row["runs"] == 2 and row["steps per seed"] == "8,192, 8,192" and row["same learning"]
+    assert row["eval per seed"] == ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in report["runs"])
