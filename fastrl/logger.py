@@ -6,7 +6,8 @@ TensorBoard and wandb start in background threads (importing TensorBoard's write
 several): ``log`` only queues a row for them and returns, so neither delays the first iteration. Each sink's thread
 writes its rows in the order they were logged, those logged before it was ready included; ``close`` waits for
 both to start, write everything and close. A sink that fails to start is one warning line, and the run goes on
-with the others. Neither package is imported unless its sink is on.
+with the others. Neither package is imported unless its sink is on. The run loop starts them in a child process
+instead (``SinkProcess``), so their work never competes with training for this process's GIL.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class BackgroundSink:
 
     def __init__(self, name: str, open, write, finish):
         self.name, self._open, self._write, self._finish = name, open, write, finish
-        self.ready, self.failed = threading.Event(), False
+        self.ready, self.failed, self._ended = threading.Event(), False, False
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         # Daemonic: a process that dies without close() is not held up by a sink still starting.
         self._thread = threading.Thread(target=self._run, name=f"fastrl-{name}", daemon=True)
@@ -90,11 +91,16 @@ class BackgroundSink:
     def log(self, record: dict, step: int) -> None:
         self._queue.put((record, step))
 
+    def end(self) -> None:
+        """No more rows: the sink writes what it has and closes, while the caller goes on. Idempotent."""
+        if not self._ended:
+            self._ended = True
+            self._queue.put(self._CLOSE)
+
     def close(self) -> None:
         """Wait for the sink to start, write every queued row and close. Idempotent."""
-        if self._thread.is_alive():
-            self._queue.put(self._CLOSE)
-            self._thread.join()
+        self.end()
+        self._thread.join()
 
 
 def _quiet_tensorboard_writer_thread() -> None:
@@ -190,6 +196,9 @@ class NullLogger:
     def log(self, metrics: dict, step: int) -> None:
         pass
 
+    def end_sinks(self) -> None:
+        pass
+
     def progress(self, step: int, postfix: dict) -> None:
         pass
 
@@ -231,26 +240,125 @@ class ProgressLines:
             print(self.line(step, postfix), file=sys.stderr, flush=True)
 
 
+def make_sinks(run_dir: str, config: dict, start_step: int, tensorboard: bool, wandb_mode: str, wandb_project: str,
+               run_name: str, n_members: int) -> list[BackgroundSink]:
+    """The run's TensorBoard and wandb sinks (those that are on), each starting in its own thread."""
+    run_dir, sinks = Path(run_dir), []
+    if tensorboard:
+        sinks.append(BackgroundSink("TensorBoard", lambda: TensorBoardRuns(run_dir / "tb", start_step, n_members),
+                                    lambda runs, record, step: runs.write(record, step), lambda runs: runs.close()))
+    if wandb_mode != "disabled":
+        sinks.append(BackgroundSink(
+            "wandb", lambda: open_wandb(run_dir, config, wandb_mode, wandb_project, run_name or run_dir.name,
+                                        start_step),
+            write_wandb, lambda run: run.finish()))
+    return sinks
+
+
+def log_to_sinks(sinks: list, record: dict, step: int) -> None:
+    """One row to every sink: TensorBoard takes it whole (``TensorBoardRuns`` splits members), wandb per series."""
+    for sink in sinks:
+        sink.log(record if sink.name in ("TensorBoard", SinkProcess.name) else member_series(record), step)
+
+
+class SinkProcess:
+    """The run's sinks (``make_sinks``, or ``factory``'s) started and written in a child process of the run, so
+    their Python work (wandb's and TensorBoard's imports, ``wandb.log``, protobuf events) never holds the training
+    process's GIL; rows go to it through a pipe, pickled, in the order they were logged.
+
+    The child is part of the run that owns ``run_dir``: it writes only the sinks' own files, holds no descriptor of
+    the run's lock (it is exec'd, not forked), has a process group of its own (a Ctrl-C or a signal to the run's group
+    reaches the run alone, whose stop then sends the last rows) and ends at the end of its pipe: when ``end`` or
+    ``close`` closes it, or when the run died: either way each sink writes every row it received and closes. Sink warnings are the child's, printed on
+    the run's stderr as in-process sinks print them. ``factory``: ``"module:function"`` called in the child with
+    ``sink_args``, returning the sinks (tests put fakes there)."""
+
+    name = "sinks"
+
+    def __init__(self, sink_args: dict, factory: str = "fastrl.logger:make_sinks"):
+        import subprocess
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                         if p)}
+        self._child = subprocess.Popen([sys.executable, "-c", "from fastrl.logger import serve_sinks; serve_sinks()"],
+                                       stdin=subprocess.PIPE, stdout=2, env=env,  # its stdout: the run's stderr
+                                       process_group=0)
+        self._send((factory, sink_args))
+
+    def _send(self, item) -> None:
+        if self._child.stdin is None:
+            return
+        import pickle
+        try:
+            self._child.stdin.write(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+            self._child.stdin.flush()
+        except OSError as e:  # the child died (killed by hand): the run goes on without its sinks
+            print(f"fastrl: warning: the logging process ended ({_first_line(e)}); the run goes on without "
+                  "TensorBoard and wandb", file=sys.stderr)
+            self._close_pipe()
+
+    def _close_pipe(self) -> None:
+        try:
+            self._child.stdin.close()
+        except OSError:
+            pass
+        self._child.stdin = None
+
+    def log(self, record: dict, step: int) -> None:
+        self._send((record, step))
+
+    def end(self) -> None:
+        """No more rows: the child writes what it has and closes its sinks, while the run goes on. Idempotent."""
+        if self._child.stdin is not None:
+            self._close_pipe()  # the end of the pipe is the child's signal to finish
+
+    def close(self) -> None:
+        """Wait for the child to write every row sent and close its sinks. Idempotent."""
+        self.end()
+        self._child.wait()
+
+
+def serve_sinks() -> None:
+    """The child of ``SinkProcess``: reads ``(factory, sink_args)`` then ``(record, step)`` rows from stdin until its
+    end, writes each to the sinks, closes them."""
+    import importlib
+    import pickle
+    pipe = sys.stdin.buffer
+    try:
+        factory, sink_args = pickle.load(pipe)
+    except EOFError:
+        return
+    module, function = factory.split(":")
+    sinks = getattr(importlib.import_module(module), function)(**sink_args)
+    try:
+        while True:
+            try:
+                record, step = pickle.load(pipe)
+            except EOFError:
+                break
+            log_to_sinks(sinks, record, step)
+    finally:
+        for sink in sinks:
+            sink.close()
+
+
 class RunLogger(NullLogger):
-    """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``."""
+    """Writes ``metrics.jsonl`` (one object per log step), TensorBoard events and a wandb run in ``run_dir``.
+    ``sink_process``: TensorBoard and wandb run in a child process (``SinkProcess``), not in this one's threads."""
 
     def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int = 0, tensorboard: bool = True,
                  wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = "",
-                 n_members: int = 1):
+                 n_members: int = 1, sink_process: bool = False):
         self.run_dir = Path(run_dir)
         # Unbuffered bytes: each row is one write, and a row a full disk cut short is cut off again (see log).
         self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
-        self.sinks: list[BackgroundSink] = []
-        if tensorboard:
-            self.sinks.append(BackgroundSink("TensorBoard", lambda: TensorBoardRuns(self.run_dir / "tb", start_step,
-                                                                                  n_members),
-                                             lambda runs, record, step: runs.write(record, step),
-                                             lambda runs: runs.close()))
-        if wandb_mode != "disabled":
-            self.sinks.append(BackgroundSink(
-                "wandb", lambda: open_wandb(self.run_dir, config, wandb_mode, wandb_project,
-                                            run_name or self.run_dir.name, start_step),
-                write_wandb, lambda run: run.finish()))
+        sink_args = dict(run_dir=str(self.run_dir), config=config, start_step=start_step, tensorboard=tensorboard,
+                         wandb_mode=wandb_mode, wandb_project=wandb_project, run_name=run_name, n_members=n_members)
+        self.sinks: list = []
+        if sink_process and (tensorboard or wandb_mode != "disabled"):
+            self.sinks = [SinkProcess(sink_args)]
+        else:
+            self.sinks = make_sinks(**sink_args)
         self._bar = self._lines = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -263,8 +371,7 @@ class RunLogger(NullLogger):
         record = {"global_step": int(step)}
         record.update({k: _plain(v) for k, v in metrics.items()})
         self._write_row((json.dumps(record) + "\n").encode())
-        for sink in self.sinks:
-            sink.log(record if sink.name == "TensorBoard" else member_series(record), step)
+        log_to_sinks(self.sinks, record, step)
 
     def _write_row(self, data: bytes) -> None:
         """Append one row; on a failure (a full disk) cut the file back to its last whole row and raise a one-line
@@ -291,6 +398,12 @@ class RunLogger(NullLogger):
             self._bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in postfix.items()},
                                   refresh=False)
             self._bar.refresh()
+
+    def end_sinks(self) -> None:
+        """The last row was logged: TensorBoard and wandb finish (wandb's takes a while) while the run writes its last
+        files; ``close`` waits for them. Rows logged after this reach metrics.jsonl only."""
+        for sink in self.sinks:
+            sink.end()
 
     def close(self) -> None:
         if self._bar is not None:

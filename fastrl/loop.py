@@ -234,7 +234,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         if cfg.vary or n_members > 1:
             write_members(run_dir, trainer)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
-                           cfg.wandb_project, cfg.progress, n_members=n_members)
+                           cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
                             m.max_nonfinite_iterations) for m in trainer.members]
     threshold = None  # (steps, seconds) when stop_at_return was reached (by every member)
@@ -345,6 +345,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     for m, (mean, std) in enumerate(member_eval):
                         logger.log({**member_labels(trainer, m), "eval/return_mean": mean, "eval/return_std": std},
                                    trainer.global_step)
+            logger.end_sinks()  # the last row: wandb's finish overlaps the videos, summary and plot
             if cfg.capture_video and stop["stop"] is None and env_error is None:
                 v = cfg.video_member
                 record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",

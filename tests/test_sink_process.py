@@ -1,0 +1,122 @@
+"""The sink process: the run's TensorBoard and wandb written by a child process of the run (``SinkProcess``). Rows
+arrive whole and in order, at a normal close and when the run dies; a Ctrl-C to the process group leaves the child
+to the run's own stop; a failing sink is one warning line; the child holds no descriptor of the run's lock."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastrl.logger import RunLogger, SinkProcess
+from fastrl.rundir import LOCK_FILE, RunLock
+
+TESTS = str(Path(__file__).parent)
+FAKES = "fastrl_sink_fakes:file_sinks"
+
+
+@pytest.fixture(autouse=True)
+def tests_on_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p))
+
+
+def _lines(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_rows_reach_the_child_in_order_and_close_waits_for_all_of_them(tmp_path):
+    out = tmp_path / "rows.jsonl"
+    sinks = SinkProcess({"path": str(out)}, factory=FAKES)
+    for step in range(1, 301):
+        sinks.log({"charts/SPS": float(step), "member": 0}, step)
+    sinks.close()
+    sinks.close()  # idempotent
+    assert _lines(out) == [[step, {"charts/SPS": float(step), "member": 0}] for step in range(1, 301)] + ["closed"]
+
+
+def test_a_ctrl_c_to_the_run_leaves_the_child_and_the_run_killed_ends_it_with_every_row_written(tmp_path):
+    """A Ctrl-C reaches the run's process group, not the child's (the run's stop sends the last rows). The run
+    killed with -9: the child writes every row it was sent, closes its sinks and exits."""
+    out = tmp_path / "rows.jsonl"
+    run = ("import os, signal\n"
+           "from fastrl.logger import SinkProcess\n"
+           "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+           f"sinks = SinkProcess({{'path': {str(out)!r}}}, factory={FAKES!r})\n"
+           "sinks.log({'a': 1}, 1)\n"
+           "os.killpg(0, signal.SIGINT)\n"
+           "sinks.log({'a': 2}, 2)\n"
+           "print(sinks._child.pid, flush=True)\n"
+           "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, timeout=60,
+                          start_new_session=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    child = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}"), "the sink process outlived its run"
+    assert _lines(out) == [[1, {"a": 1}], [2, {"a": 2}], "closed"]
+
+
+def test_a_sink_that_fails_to_start_in_the_child_is_one_warning_line(tmp_path, capfd):
+    sinks = SinkProcess({"path": str(tmp_path / "rows.jsonl"), "fail_open": True}, factory=FAKES)
+    sinks.log({"a": 1}, 1)
+    sinks.close()
+    err = capfd.readouterr().err
+    assert err.count("fastrl: warning: TensorBoard could not start (RuntimeError: no writer here); the run goes on "
+                     "without it") == 1, err
+    assert "Traceback" not in err
+
+
+def test_the_child_holds_no_descriptor_of_the_run_lock(tmp_path):
+    lock = RunLock(tmp_path).acquire()
+    try:
+        sinks = SinkProcess({"path": str(tmp_path / "rows.jsonl")}, factory=FAKES)
+        try:
+            fds = Path(f"/proc/{sinks._child.pid}/fd")
+            targets = [os.readlink(fd) for fd in fds.iterdir() if fd.exists()]
+            assert targets and not any(target.endswith(LOCK_FILE) for target in targets)
+        finally:
+            sinks.close()
+    finally:
+        lock.release()
+
+
+def test_run_logger_with_a_sink_process_writes_every_row_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    logger = RunLogger(tmp_path, {}, 100, tensorboard=True, wandb_mode="disabled", progress=False, sink_process=True)
+    assert [type(sink) for sink in logger.sinks] == [SinkProcess]
+    for step in range(1, 51):
+        logger.log({"losses/value_loss": 1.0 / step, "charts/episodes": step}, step)
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(s.step, s.value) for s in events.Scalars("charts/episodes")] == [(step, step) for step in range(1, 51)]
+    assert len(events.Scalars("losses/value_loss")) == 50
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 50
+
+
+def _wait_for(predicate, timeout=30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_end_lets_the_sinks_finish_while_the_run_goes_on(tmp_path):
+    """``end``: the sinks write their rows and close without ``close`` being called (the run writes its last files
+    meanwhile); ``close`` then only waits. In the child and in a thread alike."""
+    from fastrl_sink_fakes import file_sinks
+    for where, make in (("child", lambda path: SinkProcess({"path": str(path)}, factory=FAKES)),
+                        ("thread", lambda path: file_sinks(str(path))[0])):
+        out = tmp_path / f"{where}.jsonl"
+        sinks = make(out)
+        sinks.log({"a": 1}, 1)
+        sinks.end()
+        sinks.end()  # idempotent
+        assert _wait_for(lambda: out.is_file() and out.read_text().endswith('"closed"\n')), where
+        sinks.close()
+        assert _lines(out) == [[1, {"a": 1}], "closed"], where
