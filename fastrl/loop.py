@@ -50,7 +50,7 @@ from fastrl.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.envs import EnvError
 from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
-from fastrl.logger import NullLogger, RunLogger
+from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.plot import write_run_plot
 from fastrl.rundir import restart_count, write_config
 
@@ -290,6 +290,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     if (cfg.stop_at_return and reached[m] is None
                             and member_recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return):
                         reached[m] = (trainer.global_step // n_members, now - start_time)
+                if len({row["variant"] for row in rows}) > 1:  # members' means would mix variants: per member only
+                    record = {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)}
                 logger.log(record, trainer.global_step)
                 for row in rows:
                     logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
@@ -340,7 +342,9 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
-                logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
+                variants = {member_labels(trainer, m)["variant"] for m in range(n_members)}
+                if len(variants) == 1:  # the members' mean, unless it would mix variants (then per member only)
+                    logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
                 if n_members > 1:
                     for m, (mean, std) in enumerate(member_eval):
                         logger.log({**member_labels(trainer, m), "eval/return_mean": mean, "eval/return_std": std},

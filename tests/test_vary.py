@@ -121,9 +121,20 @@ def test_summary_and_stdout_aggregate_per_variant(two_variants):
     assert "eval_return_mean" not in shown and "episode_return_mean" not in shown
 
 
+def test_the_run_rows_of_several_variants_hold_no_mean_across_them(two_variants):
+    run_dir, _ = two_variants
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_rows = [r for r in rows if "member" not in r]
+    assert run_rows and all(k == "global_step" or k.startswith(("charts/SPS", "time/")) for r in run_rows for k in r)
+    member_rows = [r for r in rows if "member" in r and "charts/episodic_return" in r]
+    assert {r["variant"] for r in member_rows} == {"lr=0.001", "lr=0.0005"}  # the figures are per member
+
+
 def test_one_variant_keeps_the_population_figures(tmp_path):
     run_dir = tmp_path / "seeds"
     assert train_main(["--n-seeds", "2", "--eval-episodes", "0", "--run-dir", str(run_dir), *TINY, *QUIET]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("charts/episodic_return" in r for r in rows if "member" not in r)  # seeds of one variant: their mean
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "variants" not in summary and summary["members_episode_return_mean"]["n"] == 2
     assert summary["episode_return_mean"] == pytest.approx(
