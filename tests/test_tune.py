@@ -199,3 +199,12 @@ def test_a_study_directory_in_use_by_another_process_is_one_line(tmp_path, capsy
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_shipped_search_spaces_fit_their_configs():
+    from fastrl.tune import load_space
+    spaces = sorted((REPO / "benchmarks" / "spaces").glob("*.yaml"))
+    assert spaces
+    for path in spaces:  # benchmarks/spaces/<algo>_<config>.yaml searches configs/<algo>/<config>.yaml
+        algo, name = path.stem.split("_", 1)
+        check_space_with(make_config({}, f"{algo}/{name}"), load_space(str(path)))
