@@ -363,7 +363,9 @@ def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
     cfg, _ = resolve_config({"env": "HalfCheetah-v5"})
     assert "ppo/halfcheetah" in cfg.origin and cfg.env == "HalfCheetah-v5" and cfg.hidden_sizes == [256, 256]
     # the embedded default is the CartPole config, by name or by omission
-    assert resolve_config({})[0] == Config() == resolve_config({"env": "CartPole-v1"})[0]
+    cartpole = make_config(yaml_path="ppo/cartpole")  # Config() with the tuned config's stop rule
+    assert resolve_config({})[0] == cartpole == resolve_config({"env": "CartPole-v1"})[0]
+    assert cartpole == make_config({"stop_at_return": 475}) != Config()
     assert resolve_config({"algo": "a2c"})[0] == make_config(yaml_path="a2c/cartpole")
 
 
