@@ -41,6 +41,14 @@ def run_once(tree: Path, run_dir: Path, extra: list[str], seed: int | None = Non
             "learning": {key: summary.get(key) for key in LEARNING_KEYS}}
 
 
+def tree_commit(tree: Path) -> str:
+    """The tree's checked-out commit (short hash, ``+`` when it has uncommitted changes), or ``?``."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    return commit + ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.default_process")
     parser.add_argument("--trees", nargs="+", default=["."], help="fastrl checkouts to compare (each on PYTHONPATH)")
@@ -67,7 +75,7 @@ def main(argv=None) -> int:
     table = []
     for tree in trees:
         mine = [r for r in rows if r["tree"] == str(tree)]
-        table.append({"tree": str(tree), "runs": len(mine),
+        table.append({"tree": f"{tree} ({tree_commit(tree)})", "runs": len(mine),
                       "process s (median)": round(statistics.median(r["process_s"] for r in mine), 2),
                       "training s (median)": round(statistics.median(r["training_s"] for r in mine), 2),
                       "outside training s (median)": round(statistics.median(r["outside_training_s"] for r in mine), 2),

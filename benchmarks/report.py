@@ -25,7 +25,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
          "rollout_sps", "rollout_step", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve",
-         "population", "zoo")
+         "default_process", "population", "zoo")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -233,6 +233,13 @@ def default_solve_section(report: dict) -> list:
             f"({_when(report)})", "", markdown_table(list(report["table"][0]), rows)]
 
 
+def default_process_section(report: dict) -> list:
+    rows = [list(r.values()) for r in report["table"]]
+    return [f"`python -m fastrl.train` with every default, as a whole process (start to exit), one process per seed and "
+            f"tree, interleaved: `python -m benchmarks.default_process`; load average at start "
+            f"{report.get('load_average_at_start')}. ({_when(report)})", "", markdown_table(list(report["table"][0]), rows)]
+
+
 def population_section(report: dict) -> list:
     info = report.get("machine", {})
     rows = [[r["env"], r["k"], f"{r['process_s']:.1f}", f"{r['over_one_seed']:.2f}x", f"{r['training_s']:.1f}",
@@ -283,6 +290,7 @@ SECTIONS = {  # part -> (heading, builder)
     "impala_sps": ("IMPALA", impala_section),
     "learner": ("Compiled learner", learner_section),
     "default_solve": ("The default, eager against compiled", default_solve_section),
+    "default_process": ("The default command's process time, tree against tree", default_process_section),
     "population": ("Population training (many seeds in one process)", population_section),
     "zoo": ("The zoo: tuned configs at the RL Zoo's budgets, several seeds", zoo_section),
 }

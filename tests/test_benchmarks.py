@@ -483,9 +483,14 @@ def test_default_process_runs_each_seed(tmp_path):
     tree = str(Path(__file__).resolve().parent.parent)
     assert default_process.main(["--quick", "--trees", tree, "--seeds", "1", "2", "--out", str(out), "--extra",
                                  "--wandb", "disabled", "--tensorboard", "false", "--plot", "false"]) == 0
-    report = json.loads(out.read_text())
-    assert [r["seed"] for r in report["runs"]] == [1, 2]
-    assert report["runs"][0]["learning"] != report["runs"][1]["learning"], "the seeds differ"
-    row, = report["table"]
+    measured = json.loads(out.read_text())
+    assert [r["seed"] for r in measured["runs"]] == [1, 2]
+    assert measured["runs"][0]["learning"] != measured["runs"][1]["learning"], "the seeds differ"
+    row, = measured["table"]
     assert row["runs"] == 2 and row["steps per seed"] == "8,192, 8,192" and row["same learning"]
-    assert row["eval per seed"] == ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in report["runs"])
+    assert row["tree"].startswith(f"{tree} (") and row["tree"] != f"{tree} (?)"  # the tree's commit beside it
+    (tmp_path / "cpu-test").mkdir()
+    (tmp_path / "cpu-test" / "default_process.json").write_text(out.read_text())
+    text, _ = report.render(tmp_path, tmp_path / "RESULTS.md")
+    assert "The default command's process time, tree against tree" in text and "8,192, 8,192" in text
+    assert row["eval per seed"] == ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in measured["runs"])
