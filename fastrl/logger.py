@@ -283,7 +283,7 @@ class SinkProcess:
                                                          if p)}
         self._child = subprocess.Popen([sys.executable, "-c", "from fastrl.logger import serve_sinks; serve_sinks()"],
                                        stdin=subprocess.PIPE, stdout=2, env=env,  # its stdout: the run's stderr
-                                       process_group=0)
+                                       start_new_session=True)  # its own process group (Python 3.10 too)
         self._send((factory, sink_args))
 
     def _send(self, item) -> None:
