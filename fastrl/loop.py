@@ -237,6 +237,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                            cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
                             m.max_nonfinite_iterations) for m in trainer.members]
+    # Members of different --vary variants: the run's own rows hold no mean across them (the members' rows do).
+    several_variants = len({member_labels(trainer, m)["variant"] for m in range(n_members)}) > 1
     threshold = None  # (steps, seconds) when stop_at_return was reached (by every member)
     reached = [None] * n_members  # (member steps, seconds) when each member's last-100 mean first reached it
     stop = {"stop": None}
@@ -290,7 +292,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     if (cfg.stop_at_return and reached[m] is None
                             and member_recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return):
                         reached[m] = (trainer.global_step // n_members, now - start_time)
-                if len({row["variant"] for row in rows}) > 1:  # members' means would mix variants: per member only
+                if several_variants:
                     record = {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)}
                 logger.log(record, trainer.global_step)
                 for row in rows:
@@ -342,8 +344,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
                 summary["eval_return_std"] = final_eval["eval/return_std"]
-                variants = {member_labels(trainer, m)["variant"] for m in range(n_members)}
-                if len(variants) == 1:  # the members' mean, unless it would mix variants (then per member only)
+                if not several_variants:
                     logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
                 if n_members > 1:
                     for m, (mean, std) in enumerate(member_eval):
