@@ -1,5 +1,5 @@
 import sys
 
-from fastrl.cli import main
+from fastrl.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

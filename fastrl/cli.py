@@ -120,5 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def entry() -> int:
+    """The installed ``fastrl`` command and ``python -m fastrl``: ``main``, with ``fastrl train`` run as the process's
+    whole work (``fastrl.train.run_as_process``: the garbage collector's start-up pause and exit freeze)."""
+    if sys.argv[1:2] == ["train"]:
+        from fastrl.train import run_as_process
+        return run_as_process(main)
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

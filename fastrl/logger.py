@@ -200,6 +200,10 @@ class NullLogger:
     def end_sinks(self) -> None:
         pass
 
+    def write_plot(self, run_dir: Path) -> None:
+        from fastrl.plot import write_run_plot
+        write_run_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
+
     def progress(self, step: int, postfix: dict) -> None:
         pass
 
@@ -276,7 +280,9 @@ class SinkProcess:
 
     name = "sinks"
 
-    def __init__(self, sink_args: dict, factory: str = "fastrl.logger:make_sinks"):
+    def __init__(self, sink_args: dict, factory: str = "fastrl.logger:make_sinks", plots: bool = False):
+        """``plots``: the run will ask for its learning-curve plot (``plot``); the child imports matplotlib while the
+        run trains, so the plot costs the run's end only its drawing."""
         import subprocess
         package_root = str(Path(__file__).resolve().parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
@@ -284,7 +290,8 @@ class SinkProcess:
         self._child = subprocess.Popen([sys.executable, "-c", "from fastrl.logger import serve_sinks; serve_sinks()"],
                                        stdin=subprocess.PIPE, stdout=2, env=env,  # its stdout: the run's stderr
                                        start_new_session=True)  # its own process group (Python 3.10 too)
-        self._send((factory, sink_args))
+        self._ended = False
+        self._send((factory, sink_args, plots))
 
     def _send(self, item) -> None:
         if self._child.stdin is None:
@@ -306,41 +313,71 @@ class SinkProcess:
         self._child.stdin = None
 
     def log(self, record: dict, step: int) -> None:
-        self._send((record, step))
+        self._send(("row", record, step))
 
     def end(self) -> None:
         """No more rows: the child writes what it has and closes its sinks, while the run goes on. Idempotent."""
-        if self._child.stdin is not None:
-            self._close_pipe()  # the end of the pipe is the child's signal to finish
+        if not self._ended:
+            self._ended = True
+            self._send(("end",))
+
+    def plot(self, run_dir) -> None:
+        """The child writes ``run_dir/learning_curve.png`` (``fastrl.plot.write_run_plot``) from the run's files as
+        they are now; ``close`` waits for it."""
+        self._send(("plot", str(run_dir)))
 
     def close(self) -> None:
-        """Wait for the child to write every row sent and close its sinks. Idempotent."""
+        """Wait for the child to write every row sent (and the plot asked for) and close its sinks. Idempotent."""
         self.end()
+        if self._child.stdin is not None:
+            self._close_pipe()  # the end of the pipe is the child's signal to exit
         self._child.wait()
 
 
+def _import_plotting() -> None:
+    try:
+        import fastrl.plot  # noqa: F401
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+        from matplotlib.figure import Figure  # noqa: F401
+    except ImportError:  # said, as one line, if the plot is asked for
+        pass
+
+
 def serve_sinks() -> None:
-    """The child of ``SinkProcess``: reads ``(factory, sink_args)`` then ``(record, step)`` rows from stdin until its
-    end, writes each to the sinks, closes them."""
+    """The child of ``SinkProcess``: reads ``(factory, sink_args, plots)``, then messages from stdin until its end:
+    ``("row", record, step)`` to the sinks, ``("end",)`` lets them finish, ``("plot", run_dir)`` writes the run's
+    plot. At the end of stdin (the run closed it, or died) it waits for each sink to write its rows and close."""
     import importlib
     import pickle
+    import threading
     pipe = sys.stdin.buffer
     try:
-        factory, sink_args = pickle.load(pipe)
+        factory, sink_args, plots = pickle.load(pipe)
     except EOFError:
         return
+    if plots:  # matplotlib's import (about 0.4 s) while the run trains, not at its end
+        threading.Thread(target=_import_plotting, daemon=True).start()
     module, function = factory.split(":")
     sinks = getattr(importlib.import_module(module), function)(**sink_args)
     try:
         while True:
             try:
-                record, step = pickle.load(pipe)
+                message = pickle.load(pipe)
             except EOFError:
                 break
-            log_to_sinks(sinks, record, step)
+            if message[0] == "row":
+                log_to_sinks(sinks, message[1], message[2])
+            elif message[0] == "end":  # each sink finishes in its own thread (wandb's takes a while) meanwhile
+                for sink in sinks:
+                    sink.end()
+            elif message[0] == "plot":
+                from fastrl.plot import write_run_plot
+                write_run_plot(message[1])
     finally:
         for sink in sinks:
             sink.close()
+        import gc
+        gc.freeze()  # the run waits for this process's exit: no last collection over torch's objects (~0.3 s)
 
 
 class RunLogger(NullLogger):
@@ -349,7 +386,8 @@ class RunLogger(NullLogger):
 
     def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int = 0, tensorboard: bool = True,
                  wandb_mode: str = "offline", wandb_project: str = "fastrl", progress: bool = True, run_name: str = "",
-                 n_members: int = 1, sink_process: bool = False):
+                 n_members: int = 1, sink_process: bool = False, plot: bool = False):
+        """``plot``: the run ends with ``write_plot``, drawn by the sink process when there is one."""
         self.run_dir = Path(run_dir)
         # Unbuffered bytes: each row is one write, and a row a full disk cut short is cut off again (see log).
         self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
@@ -357,7 +395,7 @@ class RunLogger(NullLogger):
                          wandb_mode=wandb_mode, wandb_project=wandb_project, run_name=run_name, n_members=n_members)
         self.sinks: list = []
         if sink_process and (tensorboard or wandb_mode != "disabled"):
-            self.sinks = [SinkProcess(sink_args)]
+            self.sinks = [SinkProcess(sink_args, plots=plot)]
         else:
             self.sinks = make_sinks(**sink_args)
         self._bar = self._lines = None
@@ -405,6 +443,15 @@ class RunLogger(NullLogger):
         files; ``close`` waits for them. Rows logged after this reach metrics.jsonl only."""
         for sink in self.sinks:
             sink.end()
+
+    def write_plot(self, run_dir: Path) -> None:
+        """``run_dir/learning_curve.png`` from the run's files as they are now: drawn by the sink process (which
+        imported matplotlib while the run trained) when there is one, and ``close`` waits for it; else here."""
+        processes = [sink for sink in self.sinks if isinstance(sink, SinkProcess)]
+        if processes:
+            processes[0].plot(run_dir)
+        else:
+            super().write_plot(run_dir)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -51,7 +51,6 @@ from fastrl.envs import EnvError
 from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
-from fastrl.plot import write_run_plot
 from fastrl.rundir import restart_count, write_config
 
 
@@ -234,7 +233,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         if cfg.vary or n_members > 1:
             write_members(run_dir, trainer)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
-                           cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True)
+                           cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True, plot=cfg.plot)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
                             m.max_nonfinite_iterations) for m in trainer.members]
     # Members of different --vary variants: the run's own rows hold no mean across them (the members' rows do).
@@ -365,7 +364,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             summary["param_hashes"] = hashes
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if cfg.plot:
-                write_run_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
+                logger.write_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
         if env_error is not None:
             raise env_error
         return summary

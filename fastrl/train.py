@@ -221,6 +221,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
                 rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
                 mark_running(run_dir, trainer.global_step)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
+        end_startup_gc_pause()
         summary = run_loop(trainer, run_dir, dist_info, callbacks)
         finished = True
         return summary
@@ -228,6 +229,37 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
         if run_dir is not None:
             release_run_dir(run_dir)
         distributed.cleanup(finished)
+
+
+# --------------------------------------------------------------------------- the command line's process
+# Start-up (importing torch and EnvPool, building the trainer) makes about a million objects that live as long as the
+# process, and no garbage: Python's full collections among them cost about 0.2 s there and free nothing, and the
+# interpreter's last collection at exit walks them all again (about 0.3 s). So when this module's main is the process
+# (``python -m fastrl.train``, ``fastrl train``), the collector pauses until the run loop starts, what exists then is
+# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit. Called from
+# Python (tests, the API), main changes nothing about the caller's collector.
+_STARTUP_GC = {"paused": False}
+
+
+def run_as_process(main_function, *args) -> int:
+    """``main_function(*args)`` as the whole process's work: returns its exit status, the collector as above."""
+    import gc
+    if gc.isenabled():
+        gc.disable()
+        _STARTUP_GC["paused"] = True
+    try:
+        return main_function(*args)
+    finally:
+        gc.freeze()  # the process ends next: its teardown collection skips what was frozen
+
+
+def end_startup_gc_pause() -> None:
+    """The run loop starts: the collector runs again (if ``run_as_process`` paused it), over new objects only."""
+    if _STARTUP_GC["paused"]:
+        import gc
+        _STARTUP_GC["paused"] = False
+        gc.freeze()
+        gc.enable()
 
 
 # --------------------------------------------------------------------------- Ctrl-C on the command line
@@ -325,4 +357,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_as_process(main))

@@ -120,3 +120,32 @@ def test_end_lets_the_sinks_finish_while_the_run_goes_on(tmp_path):
         assert _wait_for(lambda: out.is_file() and out.read_text().endswith('"closed"\n')), where
         sinks.close()
         assert _lines(out) == [[1, {"a": 1}], "closed"], where
+
+
+def test_the_run_plot_is_drawn_by_the_sink_process_and_close_waits_for_it(tmp_path, monkeypatch):
+    """With a sink process the run's learning-curve plot is the child's work (it imported matplotlib while the run
+    trained); the run asks for it after its last files and ``close`` returns once the PNG is written. The run's own
+    process never imports matplotlib for it."""
+    import fastrl.logger as logger_module
+    drawn_here = []
+    monkeypatch.setattr(logger_module.NullLogger, "write_plot", lambda self, run_dir: drawn_here.append(run_dir))
+    logger = RunLogger(tmp_path, {"quiet": True}, total_steps=300, tensorboard=True, wandb_mode="disabled",
+                       progress=False, sink_process=True, plot=True)
+    for step in (100, 200, 300):
+        logger.log({"charts/episodic_return": step / 10.0, "time/elapsed_s": step / 100.0}, step)
+    logger.log({"eval/return_mean": 30.0, "eval/return_std": 1.0}, 300)
+    logger.end_sinks()
+    logger.write_plot(tmp_path)
+    logger.close()
+    assert (tmp_path / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert drawn_here == []
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))  # the rows still reached TensorBoard
+
+    # No sink process (TensorBoard and wandb off): the plot is drawn in the run's process.
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    logger = RunLogger(bare, {"quiet": True}, total_steps=300, tensorboard=False, wandb_mode="disabled",
+                       progress=False, sink_process=True, plot=True)
+    logger.write_plot(bare)
+    logger.close()
+    assert drawn_here == [bare]
