@@ -237,7 +237,8 @@ def default_process_section(report: dict) -> list:
     rows = [list(r.values()) for r in report["table"]]
     return [f"`python -m fastrl.train` with every default, as a whole process (start to exit), one process per seed and "
             f"tree, interleaved: `python -m benchmarks.default_process`; load average at start "
-            f"{report.get('load_average_at_start')}. ({_when(report)})", "", markdown_table(list(report["table"][0]), rows)]
+            f"{report.get('load_average_at_start')}. ({_when(report)})", "", markdown_table(list(report["table"][0]), rows),
+            *(["", report["notes"]] if report.get("notes") else [])]
 
 
 def population_section(report: dict) -> list:
