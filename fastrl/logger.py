@@ -376,8 +376,8 @@ def serve_sinks() -> None:
     finally:
         for sink in sinks:
             sink.close()
-        import gc
-        gc.freeze()  # the run waits for this process's exit: no last collection over torch's objects (~0.3 s)
+        from fastrl.train import settle_collection_for_exit
+        settle_collection_for_exit()  # the run waits for this exit: no last collection over torch's objects
 
 
 class RunLogger(NullLogger):

@@ -236,9 +236,34 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
 # process, and no garbage: Python's full collections among them cost about 0.2 s there and free nothing, and the
 # interpreter's last collection at exit walks them all again (about 0.3 s). So when this module's main is the process
 # (``python -m fastrl.train``, ``fastrl train``), the collector pauses until the run loop starts, what exists then is
-# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit. Called from
-# Python (tests, the API), main changes nothing about the caller's collector.
+# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit (where Triton's
+# nanobind bindings are loaded, everything is unfrozen instead: ``settle_collection_for_exit``). Called from Python
+# (tests, the API), main changes nothing about the caller's collector.
 _STARTUP_GC = {"paused": False}
+
+
+def _nanobind_loaded() -> bool:
+    """Whether a nanobind extension is loaded (Triton's, which torchrl and parts of torch import). nanobind reports
+    every object of its own still alive at exit as a leak, a screen of stderr, and frozen objects are never collected;
+    its objects can also end up held by containers frozen before it loaded."""
+    return "triton" in sys.modules
+
+
+def freeze_collected_objects() -> None:
+    """``gc.freeze()``: later full collections skip what exists now (nothing where nanobind is loaded already)."""
+    import gc
+    if not _nanobind_loaded():
+        gc.freeze()
+
+
+def settle_collection_for_exit() -> None:
+    """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where nanobind
+    is loaded, unfreeze everything instead, so that collection frees its objects as it would have."""
+    import gc
+    if _nanobind_loaded():
+        gc.unfreeze()
+    else:
+        gc.freeze()
 
 
 def run_as_process(main_function, *args) -> int:
@@ -250,7 +275,7 @@ def run_as_process(main_function, *args) -> int:
     try:
         return main_function(*args)
     finally:
-        gc.freeze()  # the process ends next: its teardown collection skips what was frozen
+        settle_collection_for_exit()
 
 
 def end_startup_gc_pause() -> None:
@@ -258,7 +283,7 @@ def end_startup_gc_pause() -> None:
     if _STARTUP_GC["paused"]:
         import gc
         _STARTUP_GC["paused"] = False
-        gc.freeze()
+        freeze_collected_objects()
         gc.enable()
 
 
