@@ -29,6 +29,7 @@ import difflib
 import functools
 import importlib
 import multiprocessing
+import types
 import warnings
 from dataclasses import dataclass
 
@@ -243,14 +244,14 @@ def import_envpool():
     return envpool
 
 
-class _DeferredPackage(type(functools)):
+class _DeferredPackage(types.ModuleType):
     """A package module whose ``__init__`` code has not run yet: its submodules import through its ``__path__``; the
     first attribute it lacks runs that code in it (so ``from package import X`` and ``getattr`` work as usual)."""
 
     def __getattr__(self, name):
         if name.startswith("__"):  # the import system's and pickle's probes: no reason to load anything
             raise AttributeError(name)
-        self.__class__ = type(functools)  # plain from here on, also if the package's code raises
+        self.__class__ = types.ModuleType  # plain from here on, also if the package's code raises
         self.__spec__.loader.exec_module(self)
         return getattr(self, name)
 

@@ -249,13 +249,6 @@ def _nanobind_loaded() -> bool:
     return "triton" in sys.modules
 
 
-def freeze_collected_objects() -> None:
-    """``gc.freeze()``: later full collections skip what exists now (nothing where nanobind is loaded already)."""
-    import gc
-    if not _nanobind_loaded():
-        gc.freeze()
-
-
 def settle_collection_for_exit() -> None:
     """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where nanobind
     is loaded, unfreeze everything instead, so that collection frees its objects as it would have."""
@@ -283,7 +276,7 @@ def end_startup_gc_pause() -> None:
     if _STARTUP_GC["paused"]:
         import gc
         _STARTUP_GC["paused"] = False
-        freeze_collected_objects()
+        gc.freeze()
         gc.enable()
 
 
