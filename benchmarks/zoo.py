@@ -12,8 +12,10 @@ Per config (``ROWS``):
   over their last 100 episodes.
 - SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``), on
   the Gymnasium twin of the env (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations
-  (``SB3_TIMING_STEPS``) with the same torch thread count (1); ``sb3_single_run_s`` is the budget at that rate: what
-  the zoo's single run would take on this machine.
+  (``SB3_TIMING_STEPS``) at 1 torch thread and at every core (fastrl picks between those per phase, see
+  ``fastrl.trainer.torch_thread_counts``); ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's
+  single run would take on this machine. (Rows from before 2026-12-03 22:30 UTC timed SB3 at 1 thread only, as
+  fastrl then ran its populations.)
 - Learning curves: each seed's last-100 mean against its own env steps; the PNG shows the median with a band from the
   lowest to the highest seed.
 
@@ -42,7 +44,6 @@ REPO = Path(__file__).resolve().parent.parent
 ZOO_SOURCE = "https://github.com/DLR-RM/rl-baselines3-zoo/blob/0088472b8cb622732bdbc4aa3d0d0abde86c67ed/benchmark.md"
 CLEANRL_SOURCE = "https://docs.cleanrl.dev/rl-algorithms/ppo/#ppo_continuous_actionpy"
 SB3_TIMING_STEPS = 8_192
-SB3_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -157,18 +158,29 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
         return {"sb3_skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_shape)}, row.config)
     threads = torch.get_num_threads()
-    torch.set_num_threads(SB3_THREADS)
+    sps_by_threads = {}
     try:
-        timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
-        model = sb3_model(cfg, max(1, steps // cfg.batch_size))
-        start = time.perf_counter()
-        model.learn(total_timesteps=timed)
-        seconds = time.perf_counter() - start
-        model.get_env().close()
+        for count in sb3_thread_counts():
+            torch.set_num_threads(count)
+            timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
+            model = sb3_model(cfg, max(1, steps // cfg.batch_size))
+            start = time.perf_counter()
+            model.learn(total_timesteps=timed)
+            seconds = time.perf_counter() - start
+            model.get_env().close()
+            sps_by_threads[count] = model.num_timesteps / seconds
     finally:
         torch.set_num_threads(threads)
-    sps = model.num_timesteps / seconds
-    return {"sb3_sps": sps, "sb3_single_run_s": steps / sps, "sb3_timed_steps": model.num_timesteps}
+    best = max(sps_by_threads, key=sps_by_threads.get)
+    sps = sps_by_threads[best]
+    return {"sb3_sps": sps, "sb3_single_run_s": steps / sps, "sb3_timed_steps": model.num_timesteps,
+            "sb3_threads": best, "sb3_sps_by_threads": {str(k): v for k, v in sps_by_threads.items()}}
+
+
+def sb3_thread_counts() -> list[int]:
+    """The torch thread counts SB3 is timed at: 1 and every core (at most 8), as fastrl picks per phase between them;
+    SB3's single run is projected at the faster."""
+    return sorted({1, min(os.cpu_count() or 1, 8)})
 
 
 def median(values: list):
@@ -236,7 +248,9 @@ def table(rows: list) -> str:
     for r in rows:
         vs_zoo = "-" if r.get("zoo") is None or r["eval_median"] is None else \
             ("at or above" if r["eval_median"] >= r["zoo"] else f"{r['eval_median'] - r['zoo']:+,.0f}")
-        sb3 = fmt(r.get("sb3_single_run_s")) if r.get("sb3_single_run_s") else f"- ({r.get('sb3_skipped', '')})"
+        n = r.get("sb3_threads", 1)
+        sb3 = f"{fmt(r['sb3_single_run_s'])} ({n} thread{'s' * (n > 1)})" if r.get("sb3_single_run_s") else \
+            f"- ({r.get('sb3_skipped', '')})"
         lines.append([r["config"], fmt(r["budget"]), r["seeds"], fmt(r["eval_median"], ",.1f"),
                       fmt(r["eval_iqm"], ",.1f"), fmt(r["last100_median"], ",.1f"),
                       ", ".join(fmt(v, ",.0f") for v in r["eval_returns"]), fmt(r.get("zoo"), ",.1f"), vs_zoo,
@@ -289,7 +303,7 @@ def main(argv=None) -> int:
               f"SB3 single run {r.get('sb3_single_run_s') or r.get('sb3_skipped')}", flush=True)
     rows = collect(out)
     report = {"machine": machine_info("cpu"), "zoo_source": ZOO_SOURCE, "cleanrl_source": CLEANRL_SOURCE,
-              "sb3_threads": SB3_THREADS, "rows": rows, "gpu_configs": GPU_CONFIGS}
+              "sb3_thread_counts": sb3_thread_counts(), "rows": rows, "gpu_configs": GPU_CONFIGS}
     write_json(report, out / "zoo.json")
     print(table(rows))
     return 0

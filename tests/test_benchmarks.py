@@ -466,6 +466,10 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     assert row["seeds"] == 2 and len(row["eval_returns"]) == 2 and len(row["curves"]) == 2
     assert row["eval_median"] == statistics.median(row["eval_returns"])
     assert row["sb3_sps"] > 0 or row.get("sb3_skipped")
+    if not row.get("sb3_skipped"):  # SB3 timed at 1 thread and at every core; the projection takes the faster
+        assert set(row["sb3_sps_by_threads"]) == {str(n) for n in zoo.sb3_thread_counts()} and "1" in row["sb3_sps_by_threads"]
+        assert row["sb3_sps"] == max(row["sb3_sps_by_threads"].values())
+        assert row["sb3_sps"] == row["sb3_sps_by_threads"][str(row["sb3_threads"])]
     assert (machine / "plots" / "zoo_ppo_cartpole.png").stat().st_size > 0
     capsys.readouterr()
     assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out)]) == 0

@@ -22,7 +22,7 @@ from fastrl.envs import EpisodeStats, MemberEpisodeStats
 from fastrl.optim import annealed_lr
 from fastrl.population import aggregate, interquartile_mean, member_configs
 from fastrl.ppo import compute_advantages
-from fastrl.trainer import Trainer
+from fastrl.trainer import Trainer, torch_thread_counts
 from fastrl.update import LOSS_KEYS, minibatch_index
 
 SMALL = {"total_steps": 2560, "progress": False, "n_minibatches": 2, "n_epochs": 2, "n_envs": 4, "n_steps": 16}
@@ -167,6 +167,53 @@ def test_a_single_run_equals_the_torch_optim_twin_after_one_iteration(algo):
     assert metrics["losses/n_updates"].item() == counts["n_updates"] == (1 if algo == "a2c" else 4)
     torch.testing.assert_close(batch["advantage"], trainer.buffer["advantage"], rtol=0, atol=0)
     torch.testing.assert_close(trainer.params[0], trainer.layout.flatten(twin), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("given, expected", [
+    (dict(n_members=1), (1, 1)),                                    # a single 64x64 run: 1 thread throughout
+    (dict(n_members=1, widest_layer=256), (1, 2)),                  # a single wide MLP: all cores for its update
+    (dict(n_members=3), (1, 2)),                                    # a population's update on all cores
+    (dict(n_members=4), (2, 2)),                                    # 4+ MLP members: the rollout too
+    (dict(n_members=3, flat_observations=False), (1, 1)),           # conv encoders: 1
+    (dict(n_members=1, widest_layer=256, world_size=2), (1, 1)),    # torchrun's ranks share the cores
+    (dict(n_members=3, threads=3), (3, 3)),                         # --torch-threads sets both
+    (dict(n_members=3, device="cuda"), (0, 0)),                     # torch's own on CUDA
+])
+def test_thread_counts_for_collecting_and_updating(monkeypatch, given, expected):
+    monkeypatch.setattr("fastrl.trainer.os.cpu_count", lambda: 2)
+    given = dict(given)
+    cfg = make_config({"torch_threads": given.pop("threads", 0)})
+    device = torch.device(given.pop("device", "cpu"))
+    assert torch_thread_counts(cfg, device, **given) == expected
+
+
+def test_a_population_updates_on_its_update_threads_and_collects_on_its_collect_threads(monkeypatch):
+    """The thread count inside each phase, seen by the trainer's own calls; the process is left on the collect count
+    (evaluation and the caller run there)."""
+    monkeypatch.setattr("fastrl.trainer.os.cpu_count", lambda: 2)
+    torch.set_num_threads(1)
+    trainer = Trainer(make_config(dict(SMALL, n_seeds=2, compile="off")))
+    assert (trainer.collect_threads, trainer.update_threads) == (1, 2)
+    seen = {"collect": set(), "update": set()}
+    real_step, real_update = trainer.env.step, trainer.update_fn.steps
+
+    def spy_step(action):
+        seen["collect"].add(torch.get_num_threads())
+        return real_step(action)
+
+    def spy_update(*args):
+        seen["update"].add(torch.get_num_threads())
+        return real_update(*args)
+    trainer.env.step, trainer.update_fn.steps = spy_step, spy_update
+    try:
+        for _ in range(2):
+            trainer.collect()
+            trainer.update()
+            assert torch.get_num_threads() == 1
+    finally:
+        trainer.close()
+        torch.set_num_threads(1)
+    assert seen == {"collect": {1}, "update": {2}}
 
 
 def test_member_configs_grid_order_and_seeds():
