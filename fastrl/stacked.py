@@ -91,11 +91,19 @@ class FlatLayout:
                 p.copy_(view)
         return agent
 
-    def call(self, method: str, flat: torch.Tensor, *args):
-        """``agent.<method>(*args)`` with the weights ``flat [P]`` (differentiable in ``flat``)."""
-        views = self.views(flat)
+    def call(self, method: str, flat, *args):
+        """``agent.<method>(*args)`` with the weights ``flat [P]`` (differentiable in ``flat``), or with ``flat`` a
+        list of one tensor per parameter (``views``' order and shapes; differentiable in each)."""
+        views = flat if isinstance(flat, (list, tuple)) else self.views(flat)
         named = {name: views[i] for name, i in self.slots[method]}
         return functional_call(self.methods[method], named, args, tie_weights=False)
+
+    @staticmethod
+    def flat_gradient(grads) -> torch.Tensor:
+        """Per-parameter gradients (``views``' order) -> one ``[P]`` tensor: a concatenation. (The gradient taken with
+        respect to the flat vector itself is a sum of one zero-padded slice per parameter, which inductor fuses into
+        one kernel that tests every slice's bounds at every element: 75% of a compiled Walker2d update step.)"""
+        return torch.cat([g.reshape(-1) for g in grads])
 
     def call_members(self, method: str, flat: torch.Tensor, *args):
         """``agent.<method>`` of K members: weights ``flat [K, P]``, every argument ``[K, B, ...]`` (None passes

@@ -133,8 +133,9 @@ class Update:
 
     # ------------------------------------------------------------------ one step's halves
     def loss(self, params, minibatch: tuple, hparams: dict):
-        """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (None:
-        the weights of ``eager_agent``, bound to the same flat tensor)."""
+        """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (or a
+        list of one tensor per parameter, see ``FlatLayout.call``; None: the weights of ``eager_agent``, bound to the
+        same flat tensor)."""
         observation, action = minibatch[:2]
         with self.autocast():
             if params is None:
@@ -224,15 +225,17 @@ class Update:
             return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
         if params.dim() == 2:
             return vmap(self.gradient)(params, opt_state, minibatch, hparams)
+        # Differentiated with respect to each parameter's view, then concatenated (``FlatLayout.flat_gradient``).
+        views = self.layout.views(params)
         if scale is None:
-            grad, (loss, stats) = grad_and_value(self.loss, has_aux=True)(params, minibatch, hparams)
-            return grad, loss, stats
+            grads, (loss, stats) = grad_and_value(self.loss, has_aux=True)(views, minibatch, hparams)
+            return self.layout.flat_gradient(grads), loss, stats
 
         def scaled(p):
             loss, stats = self.loss(p, minibatch, hparams)
             return loss * scale, (loss, stats)
-        grad, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(params)
-        return grad / scale, loss, stats
+        grads, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(views)
+        return self.layout.flat_gradient(grads) / scale, loss, stats
 
     def apply(self, params, opt_state: dict, grad, loss, hparams: dict, keep=None):
         """Clip, guard and optimizer math, out of place: ``(params, opt_state, grad_norm, nonfinite, applied)``.

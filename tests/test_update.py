@@ -111,6 +111,26 @@ def test_the_eager_autograd_path_equals_the_functional_one():
     torch.testing.assert_close(params, functional, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("continuous", [False, True])
+def test_the_gradient_by_parameter_concatenated_equals_the_gradient_by_the_flat_vector(continuous):
+    """``Update.gradient`` differentiates with respect to each parameter's view and concatenates (what inductor
+    compiles well); the gradient with respect to the flat vector itself is the same numbers, bit for bit."""
+    from torch.func import grad_and_value
+    cfg, agent = _setup()
+    if continuous:
+        agent = make_agent(cfg, OBS, ActionSpec("continuous", shape=(2,), low=(-1.0, -1.0), high=(1.0, 1.0)), 1.0)
+    batch = _batch(cfg, agent)
+    layout = FlatLayout(agent)
+    update = Update(UpdateSpec.of(cfg), layout)
+    params = layout.flatten(agent)
+    hparams = member_hparams(cfg, "cpu")
+    minibatch = tuple(batch[k][batch["minibatch_index"][0]] for k in LOSS_KEYS)
+    grad, loss, _ = update.gradient(params, update.init_opt_state(params), minibatch, hparams)
+    by_flat, (flat_loss, _) = grad_and_value(update.loss, has_aux=True)(params, minibatch, hparams)
+    assert grad.shape == params.shape and grad.abs().sum() > 0
+    assert torch.equal(grad, by_flat) and torch.equal(loss, flat_loss)
+
+
 def test_vmap_over_members_equals_each_member_alone():
     members = []
     for seed in range(3):
