@@ -114,7 +114,7 @@ class Config:
     vary: dict = _f({}, "population members with different values: KEY=v1,v2 (repeatable, a key given twice merges its "
                         "values; the grid of all combinations, times n_seeds; one value applies to every member) for "
                         "the keys that keep every shape: lr, lr_floor, anneal_lr, clip_coef, anneal_clip, ent_coef, "
-                        "vf_coef, max_grad_norm, gamma, gae_lambda, target_kl, init_log_std. Member m has seed seed+m")
+                        "vf_coef, max_grad_norm, gamma, gae_lambda, target_kl, init_log_std, ortho_init. Member m has seed seed+m")
     device: str = _f("auto", "learner device: auto, cpu, cuda, cuda:N")
     run_dir: str = _f("", "run directory (default runs/<env>__<algo>__<seed>__<time>); one that already holds a run is "
                           "refused unless resume or overwrite is given. Never read from a YAML file")
@@ -153,6 +153,8 @@ class Config:
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
+    ortho_init: bool = _f(True, "orthogonal initial weights (gain sqrt 2, policy head 0.01, value head 1: CleanRL's and "
+                                "SB3's default); false: PyTorch's default init, as SB3's ortho_init=False")
     encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
                                  "minigrid_cnn from 7x7 to under 16x16, nature_cnn from 36x36, small_cnn otherwise; "
                                  "channels-last images are transposed)",
@@ -453,7 +455,7 @@ def _coerce(name: str, value):
 # schedule, early stop or initial weights) and keeps every tensor's shape, so members share one compiled program.
 # SHAPE_KEYS change shapes or the program itself; every other key is shared by the members of one population.
 VARY_KEYS = ("lr", "lr_floor", "anneal_lr", "clip_coef", "anneal_clip", "ent_coef", "vf_coef", "max_grad_norm",
-             "gamma", "gae_lambda", "target_kl", "init_log_std")
+             "gamma", "gae_lambda", "target_kl", "init_log_std", "ortho_init")
 SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
               "activation", "shared_trunk", "env",
               "algo", "n_epochs", "optimizer")

@@ -375,6 +375,23 @@ def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float 
     ``DictActorCritic``). ``obs_scale`` None: 1/255 for image observations."""
     if getattr(cfg, "policy", ""):
         return custom_policy(cfg, obs_shape, action_spec)
+    agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last)
+    if not getattr(cfg, "ortho_init", True):
+        default_init_(agent)
+    return agent
+
+
+def default_init_(agent: nn.Module) -> nn.Module:
+    """Re-initialize every linear and conv layer with PyTorch's default (``reset_parameters``: Kaiming-uniform
+    weights, uniform biases), as SB3 leaves them with ``ortho_init=False``; ``log_std`` keeps its value."""
+    for layer in agent.modules():
+        if isinstance(layer, (nn.Linear, nn.Conv2d)):
+            layer.reset_parameters()
+    return agent
+
+
+def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None,
+                 channels_last: bool) -> nn.Module:
     from fastrl.envs import observation_layout
     layout = observation_layout(cfg, tuple(obs_shape)) if hasattr(cfg, "env_backend") else None
     if layout is not None:

@@ -5,6 +5,7 @@ import json
 import statistics
 
 import pytest
+import torch
 import yaml
 from conftest import QUIET, one_line_error, train_main
 
@@ -34,7 +35,8 @@ def test_a_key_given_twice_merges_its_values():
 
 VALUES = {"lr": [1e-3, 3e-4], "lr_floor": [0.0, 1e-5], "anneal_lr": [True, False], "clip_coef": [0.1, 0.3],
           "anneal_clip": [True, False], "ent_coef": [0.0, 0.01], "vf_coef": [0.25, 1.0], "max_grad_norm": [0.5, 0.0],
-          "gamma": [0.9, 0.99], "gae_lambda": [0.9, 1.0], "target_kl": [0.0, 0.02], "init_log_std": [0.0, -1.0]}
+          "gamma": [0.9, 0.99], "gae_lambda": [0.9, 1.0], "target_kl": [0.0, 0.02], "init_log_std": [0.0, -1.0],
+          "ortho_init": [True, False]}
 
 
 @pytest.mark.parametrize("key", VARY_KEYS)
@@ -47,6 +49,30 @@ def test_every_per_member_key_varies(key):
 def test_a_key_members_cannot_differ_in_is_one_line(key):
     message = one_line_error(make_config, {"vary": {key: ["1", "2"]}})
     assert f"{key} cannot vary within one population" in message and "run one population per" in message
+
+
+def test_ortho_init_false_gives_pytorchs_default_init_per_member():
+    """``ortho_init: false`` (SB3's ``ortho_init=False``): every linear layer as ``nn.Linear`` leaves it (weights and
+    biases within +-1/sqrt(fan_in)), log_std at ``init_log_std``; a member varying it gets its own init, its seed the
+    same."""
+    cfg = make_config({"env": "Pendulum-v1", "hidden_sizes": [64, 64], "init_log_std": -2.0, "compile": "off",
+                       "n_envs": 2, "n_steps": 8, "n_minibatches": 1, "vary": {"ortho_init": [True, False]},
+                       "progress": False, "tensorboard": False, "wandb": "disabled"})
+    trainer = Trainer(cfg)
+    try:
+        ortho_head = trainer.agent.policy_head.weight.detach().clone()  # member 0, orthogonal
+        default = trainer.member_agent(1)
+        for name, layer in default.named_modules():
+            if isinstance(layer, torch.nn.Linear):
+                bound = 1 / layer.in_features ** 0.5
+                assert layer.weight.abs().max() <= bound and layer.bias.abs().max() <= bound, name
+                assert layer.bias.abs().max() > 0, name  # orthogonal init leaves biases at 0
+        torch.testing.assert_close(default.log_std.detach(), torch.full((1,), -2.0))
+        # Orthogonal: the policy head's rows are orthogonal with norm 0.01 (a 1 x 64 head: one row).
+        torch.testing.assert_close(ortho_head.norm(dim=1), torch.full((1,), 0.01))
+        assert default.policy_head.weight.norm() > 0.1
+    finally:
+        trainer.close()
 
 
 def test_target_kl_stops_each_member_alone():
