@@ -143,10 +143,9 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
     """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: its rollout shape and
     epochs) on the Gymnasium twin: steps/s over ``SB3_TIMING_STEPS`` (at least two
     iterations) and the single run's projected wall time at the zoo's budget."""
-    import torch
-
     from benchmarks.peers import sb3_model
     from fastrl.config import make_config
+    from fastrl.trainer import torch_threads
     algo = row.config.split("/")[0]
     if algo not in ("ppo", "a2c"):
         return {"sb3_skipped": f"SB3 has no {algo}"}
@@ -157,20 +156,16 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
     except Exception as e:  # noqa: BLE001 - a missing SB3, Box2D, MuJoCo or MiniGrid: the row says why
         return {"sb3_skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
     cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_shape)}, row.config)
-    threads = torch.get_num_threads()
+    timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
     sps_by_threads = {}
-    try:
-        for count in sb3_thread_counts():
-            torch.set_num_threads(count)
-            timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
+    for count in sb3_thread_counts():
+        with torch_threads(count):
             model = sb3_model(cfg, max(1, steps // cfg.batch_size))
             start = time.perf_counter()
             model.learn(total_timesteps=timed)
             seconds = time.perf_counter() - start
             model.get_env().close()
-            sps_by_threads[count] = model.num_timesteps / seconds
-    finally:
-        torch.set_num_threads(threads)
+        sps_by_threads[count] = model.num_timesteps / seconds
     best = max(sps_by_threads, key=sps_by_threads.get)
     sps = sps_by_threads[best]
     return {"sb3_sps": sps, "sb3_single_run_s": steps / sps, "sb3_timed_steps": model.num_timesteps,

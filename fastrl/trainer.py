@@ -73,7 +73,7 @@ def torch_thread_counts(cfg: Config, device: torch.device, n_members: int = 1, f
       (``widest_layer``). No env steps run then, and such matmuls share well (2 cores, 2026-12-03): 3 members'
       update ran 1.9x (HalfCheetah, 256x256, minibatch 64), 1.7x (Walker2d, Hopper: minibatch 32) and 1.24x (Ant,
       64x64) faster on 2 threads than on 1, a single Walker2d run's 1.75x; single 64x64 runs (CartPole,
-      LunarLander, HalfCheetah) gained nothing, and Ant's rollout ran 1.5x slower on 2. Under torchrun the ranks
+      LunarLander, ppo/mujoco's HalfCheetah) gained nothing, and Ant's rollout ran 1.5x slower on 2. Under torchrun the ranks
       share the cores: 1.
     """
     if cfg.torch_threads or device.type != "cpu":

@@ -53,8 +53,8 @@ def test_a_key_members_cannot_differ_in_is_one_line(key):
 
 def test_ortho_init_false_gives_pytorchs_default_init_per_member():
     """``ortho_init: false`` (SB3's ``ortho_init=False``): every linear layer as ``nn.Linear`` leaves it (weights and
-    biases within +-1/sqrt(fan_in)), log_std at ``init_log_std``; a member varying it gets its own init, its seed the
-    same."""
+    biases within +-1/sqrt(fan_in)), log_std at ``init_log_std``; in a population each member gets its own variant's
+    init (member 0 orthogonal, member 1 PyTorch's)."""
     cfg = make_config({"env": "Pendulum-v1", "hidden_sizes": [64, 64], "init_log_std": -2.0, "compile": "off",
                        "n_envs": 2, "n_steps": 8, "n_minibatches": 1, "vary": {"ortho_init": [True, False]},
                        "progress": False, "tensorboard": False, "wandb": "disabled"})
