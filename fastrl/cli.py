@@ -73,12 +73,13 @@ def eval_main(argv: list[str]) -> int:
         for sig, handler in previous_handlers.items():
             signal.signal(sig, handler)
     mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+    from fastrl.console import print_result
     if args.json:
-        print(json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
-                          "returns": returns.tolist()}))
+        line = json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
+                           "returns": returns.tolist()})
     else:
-        print(f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes")
-    return 0
+        line = f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
+    return 0 if print_result(line) else 1
 
 
 def bench_main(argv: list[str]) -> int:

@@ -2,6 +2,7 @@
 once, in one line (``fastrl: note: ...``). ``quiet`` silences both."""
 from __future__ import annotations
 
+import os
 import sys
 
 from fastrl.config import FIELDS, Config
@@ -13,6 +14,18 @@ ATARI_KEYS = ("frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_at
 def say(cfg: Config, message: str) -> None:
     if not cfg.quiet:
         print(f"fastrl: {message}", file=sys.stderr, flush=True)
+
+
+def print_result(text: str) -> bool:
+    """Print a command's result line on stdout. A reader that closed the pipe (``fastrl train ... | head -0``) gets
+    no traceback: stdout is pointed at /dev/null (so the interpreter's exit flush cannot fail again) and this returns
+    False (the caller exits 1, as Python's docs advise for SIGPIPE). The run itself is saved before this line."""
+    try:
+        print(text, flush=True)
+        return True
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
 
 
 def ignored_settings(cfg: Config, atari: bool) -> list[str]:

@@ -359,7 +359,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
             shown["variants"] = {v["variant"]: {key: {s: v[key][s] for s in ("mean", "median", "iqm")}
                                                 for key in ("episode_return_mean", "eval_return_mean") if key in v}
                                  for v in summary["variants"]}
-        print(json.dumps(shown))
+        from fastrl.console import print_result
+        if not print_result(json.dumps(shown)):
+            return 1
     return 0
 
 

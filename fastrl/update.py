@@ -188,17 +188,19 @@ class Update:
                 grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
             return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
 
-        def forward(p):
-            return learner_forward(partial(self.layout.call, "get_action_and_value", p), observation,
+        def forward(views):
+            return learner_forward(partial(self.layout.call, "get_action_and_value", views), observation,
                                    bootstrap_observation, action, self.autocast)
-        outputs, pullback = vjp(forward, params)
+        # With respect to each parameter's view, concatenated after (``FlatLayout.flat_gradient``), as ``gradient``.
+        outputs, pullback = vjp(forward, self.layout.views(params))
         targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
 
         def scaled_loss(target_logp, entropy, value):
             loss, stats = self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
             return (loss if scale is None else loss * scale), (loss, stats)
         cotangents, (_, (loss, stats)) = grad_and_value(scaled_loss, argnums=(0, 1, 2), has_aux=True)(*outputs)
-        grad, = pullback(cotangents)
+        grads, = pullback(cotangents)
+        grad = self.layout.flat_gradient(grads)
         return (grad if scale is None else grad / scale), loss.detach(), stats
 
     def gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):

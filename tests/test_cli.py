@@ -107,6 +107,25 @@ def test_train_then_eval_real_checkpoint(tmp_path):
     assert main(["eval", str(run_dir), "--episodes", "0"]) == 2
 
 
+def test_a_closed_stdout_ends_train_and_eval_without_a_traceback_and_keeps_the_run(tmp_path):
+    """A reader that closed the pipe before the result line (``| head -0``): exit 1 (Python's advice for a broken
+    pipe), no traceback, and the run saved before that line is whole."""
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "PYTHONWARNINGS": "ignore"}
+    run_dir = tmp_path / "run"
+    train = ["-m", "fastrl", "train", "--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-minibatches",
+             "2", "--n-epochs", "1", "--total-steps", "128", "--eval-episodes", "0", "--torch-threads", "1",
+             "--run-dir", str(run_dir), *QUIET]
+    for args in (train, ["-m", "fastrl", "eval", str(run_dir), "--episodes", "1", "--seeds", "1"]):
+        proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        proc.stdout.close()  # the reader is gone before the process prints its result
+        stderr = proc.stderr.read()
+        assert proc.wait(timeout=240) == 1, stderr
+        assert "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["total_steps"] == 128
+
+
 def test_eval_stochastic_and_caps_reach_the_evaluation(tmp_path, monkeypatch, capsys):
     """``--stochastic`` samples, ``--max-episode-steps``/``--max-steps`` cap (CartPole: return = steps, and an untrained
     policy's episodes outlast 4 steps); a cut is said in one line."""
