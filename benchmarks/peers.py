@@ -179,7 +179,7 @@ def sb3_model(cfg, n_iterations: int):
     else:
         opt = dict(optimizer_class=torch.optim.Adam, optimizer_kwargs=dict(eps=cfg.adam_eps))
     policy_kwargs = dict(net_arch=dict(pi=list(cfg.hidden_sizes), vf=list(cfg.hidden_sizes)), activation_fn=activation,
-                         ortho_init=True, log_std_init=cfg.init_log_std, **opt)
+                         ortho_init=cfg.ortho_init, log_std_init=cfg.init_log_std, **opt)
     common = dict(learning_rate=lr_schedule(cfg, n_iterations), n_steps=cfg.n_steps, gamma=cfg.gamma,
                   gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef / 2,
                   max_grad_norm=cfg.max_grad_norm or 1e10, normalize_advantage=cfg.norm_adv,

@@ -271,7 +271,8 @@ def zoo_section(report: dict) -> list:
             f"the seeds; the zoo's figure is one agent's ([benchmark.md]({report.get('zoo_source')})). fastrl "
             f"process s: the whole population's process (start-up, compiling, training, final evaluation). SB3 "
             f"single run: the budget at SB3's steps/s measured here with the same hyperparameters (the zoo's own "
-            f"rollout shape where it differs), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
+            f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings, the "
+            f"zoo's whole run), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
             f"count in brackets; rows before 2026-12-03 22:30 UTC timed 1 thread only). Each row "
             f"names its date and the load average at its start; machine {info.get('cpu_model')}. Curves (median, "
             f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]

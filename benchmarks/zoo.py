@@ -10,7 +10,9 @@ Per config (``ROWS``):
 - The score: each seed's deterministic evaluation at the end (``eval_episodes`` x ``eval_seeds`` episodes of its mode
   policy), then the median and the interquartile mean over the seeds; also the median of the seeds' training means
   over their last 100 episodes.
-- SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``), on
+- SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``; where
+  the zoo's own run differs, its settings, ``ZooRow.zoo_shape``: ppo/hopper and ppo/walker2d run CleanRL's settings,
+  and SB3 is timed on the zoo's whole Hopper and Walker2d settings), on
   the Gymnasium twin of the env (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations
   (``SB3_TIMING_STEPS``) at 1 torch thread and at every core (fastrl picks between those per phase, see
   ``fastrl.trainer.torch_thread_counts``); ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's
@@ -60,6 +62,16 @@ class ZooRow:
 
 
 ONE_ENV = (("n_envs", 1), ("n_steps", 512))  # the zoo's MuJoCo runs collect 512 steps with one env
+# The zoo's whole Hopper-v3 and Walker2d-v3 settings (hyperparams/ppo.yml), for configs that left them (CleanRL's
+# settings learn more here): SB3 is timed on the zoo's own run, not on the config's.
+ZOO_RUN_SETTINGS = (("anneal_lr", False), ("clip_vloss", False), ("hidden_sizes", [256, 256]), ("activation", "relu"),
+                    ("init_log_std", -2.0), ("ortho_init", False), ("normalize_obs", True), ("normalize_reward", True))
+ZOO_HOPPER = ONE_ENV + ZOO_RUN_SETTINGS + (
+    ("n_epochs", 5), ("n_minibatches", 16), ("lr", 9.80828e-5), ("gamma", 0.999), ("gae_lambda", 0.99),
+    ("ent_coef", 0.00229519), ("vf_coef", 1.671342), ("max_grad_norm", 0.7), ("clip_coef", 0.2))
+ZOO_WALKER2D = ONE_ENV + ZOO_RUN_SETTINGS + (
+    ("n_epochs", 20), ("n_minibatches", 16), ("lr", 5.05041e-5), ("gamma", 0.99), ("gae_lambda", 0.95),
+    ("ent_coef", 0.000585045), ("vf_coef", 1.743846), ("max_grad_norm", 1.0), ("clip_coef", 0.1))
 ROWS = (
     ZooRow("ppo/cartpole", 100_000, 500.0, "CartPole-v1",
            zoo_shape=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
@@ -72,8 +84,8 @@ ROWS = (
     ZooRow("ppo/lunarlander_continuous", 1_000_000, 271.0, "LunarLanderContinuous-v3"),
     ZooRow("ppo/halfcheetah", 1_000_000, 5819.1, "HalfCheetah-v5", "1,442 ± 46", ONE_ENV),
     ZooRow("ppo/mujoco", 1_000_000, 5819.1, "HalfCheetah-v5", "1,442 ± 46"),
-    ZooRow("ppo/hopper", 1_000_000, 2410.0, "Hopper-v5", "2,383 ± 271", ONE_ENV),
-    ZooRow("ppo/walker2d", 1_000_000, 3479.0, "Walker2d-v5", "2,288 ± 572", ONE_ENV),
+    ZooRow("ppo/hopper", 1_000_000, 2410.0, "Hopper-v5", "2,383 ± 271", ZOO_HOPPER),
+    ZooRow("ppo/walker2d", 1_000_000, 3479.0, "Walker2d-v5", "2,288 ± 572", ZOO_WALKER2D),
     ZooRow("ppo/ant", 1_000_000, 1327.0, "Ant-v5"),
     ZooRow("ppo/swimmer", 1_000_000, 282.0, "Swimmer-v5"),
     ZooRow("ppo/minigrid", 60_000, None, "MiniGrid-Empty-5x5-v0"),
@@ -140,8 +152,8 @@ def train_fastrl(row: ZooRow, seeds: int, steps: int, work: Path) -> dict:
 
 
 def time_sb3(row: ZooRow, steps: int) -> dict:
-    """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: its rollout shape and
-    epochs) on the Gymnasium twin: steps/s over ``SB3_TIMING_STEPS`` (at least two
+    """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: the zoo's rollout
+    shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over ``SB3_TIMING_STEPS`` (at least two
     iterations) and the single run's projected wall time at the zoo's budget."""
     from benchmarks.peers import sb3_model
     from fastrl.config import make_config

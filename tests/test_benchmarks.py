@@ -178,12 +178,14 @@ def test_sb3_lr_schedule_matches_fastrl_per_iteration():
         assert schedule(1 - k / n) == pytest.approx(annealed_lr(cfg, (k - 1) / n))
 
 
-@pytest.mark.parametrize("algo", ["ppo", "a2c"])
-def test_sb3_mirror_takes_fastrl_hyperparameters(algo):
+@pytest.mark.parametrize("algo,ortho_init", [("ppo", True), ("a2c", True), ("ppo", False)])
+def test_sb3_mirror_takes_fastrl_hyperparameters(algo, ortho_init):
+    import dataclasses
     pytest.importorskip("stable_baselines3")
-    cfg = peers.peer_config(algo, "CartPole-v1", 3, 10_000, 475.0, 1)
+    cfg = dataclasses.replace(peers.peer_config(algo, "CartPole-v1", 3, 10_000, 475.0, 1), ortho_init=ortho_init)
     model = peers.sb3_model(cfg, cfg.total_steps // cfg.batch_size)
     try:
+        assert model.policy.ortho_init is ortho_init  # the zoo's MuJoCo runs turn it off
         assert (model.n_steps, model.env.num_envs, model.gamma, model.gae_lambda) == \
             (cfg.n_steps, cfg.n_envs, cfg.gamma, cfg.gae_lambda)
         assert model.vf_coef == pytest.approx(cfg.vf_coef / 2)  # SB3's MSE vs fastrl's 1/2 MSE
@@ -478,6 +480,23 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     assert "ppo/cartpole" in text and "ppo/atari" in text
     with pytest.raises(SystemExit):
         zoo.main(["--configs", "ppo/atari"])  # a GPU config: refused, with the reason
+
+
+def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():
+    """Every row's ``zoo_shape`` is a valid set of config keys; Hopper and Walker2d (CleanRL's settings in their
+    configs) time SB3 on the zoo's whole run: 1 env x 512 steps, minibatches of 32, 256x256 ReLU, no orthogonal init."""
+    from benchmarks import zoo
+    from fastrl.config import make_config
+    for row in zoo.ROWS:
+        make_config(dict(row.zoo_shape), row.config)
+    for name, (epochs, lr, clip) in {"ppo/hopper": (5, 9.80828e-5, 0.2), "ppo/walker2d": (20, 5.05041e-5, 0.1)}.items():
+        row, = [r for r in zoo.ROWS if r.config == name]
+        ours, theirs = make_config({}, name), make_config(dict(row.zoo_shape), name)
+        assert (ours.hidden_sizes, ours.activation, ours.ortho_init) == ([64, 64], "tanh", True)
+        assert (theirs.n_envs, theirs.n_steps, theirs.minibatch_size, theirs.n_epochs) == (1, 512, 32, epochs)
+        assert (theirs.hidden_sizes, theirs.activation, theirs.ortho_init, theirs.init_log_std) == \
+            ([256, 256], "relu", False, -2.0)
+        assert (theirs.lr, theirs.anneal_lr, theirs.clip_coef, theirs.clip_vloss) == (lr, False, clip, False)
 
 
 def test_default_process_runs_each_seed(tmp_path):
