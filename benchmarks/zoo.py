@@ -153,8 +153,8 @@ def train_fastrl(row: ZooRow, seeds: int, steps: int, work: Path) -> dict:
 
 def time_sb3(row: ZooRow, steps: int) -> dict:
     """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: the zoo's rollout
-    shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over ``SB3_TIMING_STEPS`` (at least two
-    iterations) and the single run's projected wall time at the zoo's budget."""
+    shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over
+    ``SB3_TIMING_STEPS`` (at least two iterations) and the single run's projected wall time at the zoo's budget."""
     from benchmarks.peers import sb3_model
     from fastrl.config import make_config
     from fastrl.trainer import torch_threads
