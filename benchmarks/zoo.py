@@ -2,6 +2,7 @@
 published PPO figure, with the wall time a single SB3 run would need at SB3's steps/s measured here.
 
     python -m benchmarks.zoo [--configs ppo/acrobot ...] [--seeds 3] [--out-dir DIR] [--quick] [--redo]
+                             [--quiet-below LOAD] [--max-wait S]
 
 Per config (``ROWS``):
 - fastrl: one ``python -m fastrl.train --config C --n-seeds S --total-steps B`` process (seeds 1..S as one population;
@@ -11,13 +12,12 @@ Per config (``ROWS``):
   policy), then the median and the interquartile mean over the seeds; also the median of the seeds' training means
   over their last 100 episodes.
 - SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``; where
-  the zoo's own run differs, its settings, ``ZooRow.zoo_shape``: ppo/hopper and ppo/walker2d run CleanRL's settings,
-  and SB3 is timed on the zoo's whole Hopper and Walker2d settings), on
-  the Gymnasium twin of the env (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations
-  (``SB3_TIMING_STEPS``) at 1 torch thread and at every core (fastrl picks between those per phase, see
-  ``fastrl.trainer.torch_thread_counts``); ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's
-  single run would take on this machine. (Rows from before 2026-12-03 22:30 UTC timed SB3 at 1 thread only, as
-  fastrl then ran its populations.)
+  the zoo's own run differs, its settings, ``ZooRow.zoo_settings``: ppo/hopper and ppo/walker2d run CleanRL's
+  settings, and SB3 is timed on the zoo's whole Hopper and Walker2d settings), on the Gymnasium twin of the env
+  (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations (``SB3_TIMING_STEPS``) at 1 torch
+  thread and at every core (fastrl picks between those per phase, see ``fastrl.trainer.torch_thread_counts``);
+  ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's single run would take on this machine. (Rows
+  from before 2026-12-03 22:30 UTC timed SB3 at 1 thread only, as fastrl then ran its populations.)
 - Learning curves: each seed's last-100 mean against its own env steps; the PNG shows the median with a band from the
   lowest to the highest seed.
 
@@ -25,7 +25,9 @@ Results go to ``<out-dir>/<machine>/zoo.json`` (default out-dir ``bench-results`
 updates the committed results, from which ``python -m benchmarks.report`` writes RESULTS.md's table) and the curves
 to ``<out-dir>/<machine>/plots/zoo_<config>.png``. Each finished config is kept in ``<out-dir>/<machine>/zoo/`` and
 skipped when the same command runs again (``--redo`` trains it afresh), so one table can be filled over several
-sittings; every row names its own date and load average.
+sittings; every row names its own date and load average. Before each row the script waits (at most ``--max-wait``
+seconds) for the 1-minute load average to fall below ``--quiet-below`` (1.2), so that rows run back to back each start
+on a quiet machine.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ class ZooRow:
     zoo: float | None
     gym_env: str
     cleanrl: str | None = None
-    zoo_shape: tuple = ()  # (key, value) pairs where the zoo's own run differs from the config (SB3 is timed on them)
+    zoo_settings: tuple = ()  # (key, value) pairs where the zoo's own run differs from the config: SB3 runs them
 
 
 ONE_ENV = (("n_envs", 1), ("n_steps", 512))  # the zoo's MuJoCo runs collect 512 steps with one env
@@ -74,7 +76,7 @@ ZOO_WALKER2D = ONE_ENV + ZOO_RUN_SETTINGS + (
     ("ent_coef", 0.000585045), ("vf_coef", 1.743846), ("max_grad_norm", 1.0), ("clip_coef", 0.1))
 ROWS = (
     ZooRow("ppo/cartpole", 100_000, 500.0, "CartPole-v1",
-           zoo_shape=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
+           zoo_settings=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
     ZooRow("ppo/cartpole_zoo", 100_000, 500.0, "CartPole-v1"),
     ZooRow("ppo/acrobot", 1_000_000, -73.5, "Acrobot-v1"),
     ZooRow("ppo/mountaincar", 1_000_000, -110.0, "MountainCar-v0"),
@@ -152,7 +154,7 @@ def train_fastrl(row: ZooRow, seeds: int, steps: int, work: Path) -> dict:
 
 
 def time_sb3(row: ZooRow, steps: int) -> dict:
-    """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_shape``: the zoo's rollout
+    """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_settings``: the zoo's rollout
     shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over
     ``SB3_TIMING_STEPS`` (at least two iterations) and the single run's projected wall time at the zoo's budget."""
     from benchmarks.peers import sb3_model
@@ -167,7 +169,7 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
         gymnasium.make(row.gym_env).close()
     except Exception as e:  # noqa: BLE001 - a missing SB3, Box2D, MuJoCo or MiniGrid: the row says why
         return {"sb3_skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_shape)}, row.config)
+    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_settings)}, row.config)
     timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
     sps_by_threads = {}
     for count in sb3_thread_counts():
@@ -193,6 +195,17 @@ def sb3_thread_counts() -> list[int]:
 def median(values: list):
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
+
+
+def wait_for_quiet(below: float, max_wait_s: float, poll_s: float = 5.0) -> list | None:
+    """Sleep until the 1-minute load average is below ``below`` (a row's speed figures count only from a quiet start)
+    or ``max_wait_s`` has passed; returns the load average then. ``below`` <= 0 does not wait."""
+    deadline = time.monotonic() + max_wait_s
+    load = load_average()
+    while below > 0 and load and load[0] >= below and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        load = load_average()
+    return load
 
 
 def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> dict:
@@ -288,6 +301,10 @@ def main(argv=None) -> int:
                         help="results under DIR/<machine>/ (benchmarks/results updates the committed ones)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS:,} steps per seed (a smoke test)")
     parser.add_argument("--redo", action="store_true", help="train configs that already have a result afresh")
+    parser.add_argument("--quiet-below", type=float, default=1.2, metavar="LOAD",
+                        help="before each row, wait (up to --max-wait s) for the 1-minute load average to fall below "
+                             "LOAD, so that rows run one after another each start on a quiet machine (0: no wait)")
+    parser.add_argument("--max-wait", type=float, default=300.0, metavar="S")
     args = parser.parse_args(argv)
     known = {r.config: r for r in ROWS}
     unknown = [c for c in args.configs if c not in known]
@@ -303,8 +320,9 @@ def main(argv=None) -> int:
         if (out / "zoo" / f"{name.replace('/', '_')}.json").is_file() and not args.redo:
             print(f"# {name}: kept from an earlier run (--redo trains it afresh)", flush=True)
             continue
+        load = wait_for_quiet(args.quiet_below, args.max_wait)
         print(f"# {name}: {args.seeds} seeds x {QUICK_STEPS if args.quick else row.steps:,} steps "
-              f"(load {load_average()})", flush=True)
+              f"(load {load})", flush=True)
         r = score_row(row, args.seeds, QUICK_STEPS if args.quick else row.steps, out, args.quick)
         print(f"#   eval median {r['eval_median']}, per seed {r['eval_returns']}, {r['process_s']:.0f} s; "
               f"SB3 single run {r.get('sb3_single_run_s') or r.get('sb3_skipped')}", flush=True)

@@ -462,7 +462,8 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(zoo, "QUICK_STEPS", 2048)
     monkeypatch.setattr(zoo, "SB3_TIMING_STEPS", 512)
     out = tmp_path / "out"
-    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out)]) == 0
+    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out),
+                     "--quiet-below", "0"]) == 0
     machine = out / zoo.machine_tag("cpu")
     row = json.loads((machine / "zoo" / "ppo_cartpole.json").read_text())
     assert row["seeds"] == 2 and len(row["eval_returns"]) == 2 and len(row["curves"]) == 2
@@ -474,7 +475,8 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
         assert row["sb3_sps"] == row["sb3_sps_by_threads"][str(row["sb3_threads"])]
     assert (machine / "plots" / "zoo_ppo_cartpole.png").stat().st_size > 0
     capsys.readouterr()
-    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out)]) == 0
+    assert zoo.main(["--quick", "--configs", "ppo/cartpole", "--seeds", "2", "--out-dir", str(out),
+                     "--quiet-below", "0"]) == 0
     assert "kept from an earlier run" in capsys.readouterr().out
     text, _ = report.render(out, out / "RESULTS.md")
     assert "ppo/cartpole" in text and "ppo/atari" in text
@@ -482,16 +484,33 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
         zoo.main(["--configs", "ppo/atari"])  # a GPU config: refused, with the reason
 
 
+def test_zoo_waits_for_a_quiet_machine_before_a_row_and_gives_up_at_the_limit(monkeypatch):
+    """Rows run back to back: each waits until the 1-minute load falls below the threshold, at most --max-wait."""
+    from benchmarks import zoo
+    loads = iter([[2.1, 1.0, 0.5], [1.6, 1.0, 0.5], [1.1, 1.0, 0.5], [0.2, 0.2, 0.2]])
+    slept = []
+    monkeypatch.setattr(zoo, "load_average", lambda: next(loads))
+    monkeypatch.setattr(zoo.time, "sleep", slept.append)
+    assert zoo.wait_for_quiet(1.2, max_wait_s=60, poll_s=5) == [1.1, 1.0, 0.5] and slept == [5, 5]
+    monkeypatch.setattr(zoo, "load_average", lambda: [3.0, 3.0, 3.0])
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(zoo.time, "monotonic", lambda: next(clock))
+    slept.clear()
+    assert zoo.wait_for_quiet(1.2, max_wait_s=30, poll_s=5) == [3.0, 3.0, 3.0] and len(slept) == 2  # gave up at 30 s
+    slept.clear()
+    assert zoo.wait_for_quiet(0, max_wait_s=30) == [3.0, 3.0, 3.0] and slept == []  # 0: no wait
+
+
 def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():
-    """Every row's ``zoo_shape`` is a valid set of config keys; Hopper and Walker2d (CleanRL's settings in their
+    """Every row's ``zoo_settings`` is a valid set of config keys; Hopper and Walker2d (CleanRL's settings in their
     configs) time SB3 on the zoo's whole run: 1 env x 512 steps, minibatches of 32, 256x256 ReLU, no orthogonal init."""
     from benchmarks import zoo
     from fastrl.config import make_config
     for row in zoo.ROWS:
-        make_config(dict(row.zoo_shape), row.config)
+        make_config(dict(row.zoo_settings), row.config)
     for name, (epochs, lr, clip) in {"ppo/hopper": (5, 9.80828e-5, 0.2), "ppo/walker2d": (20, 5.05041e-5, 0.1)}.items():
         row, = [r for r in zoo.ROWS if r.config == name]
-        ours, theirs = make_config({}, name), make_config(dict(row.zoo_shape), name)
+        ours, theirs = make_config({}, name), make_config(dict(row.zoo_settings), name)
         assert (ours.hidden_sizes, ours.activation, ours.ortho_init) == ([64, 64], "tanh", True)
         assert (theirs.n_envs, theirs.n_steps, theirs.minibatch_size, theirs.n_epochs) == (1, 512, 32, epochs)
         assert (theirs.hidden_sizes, theirs.activation, theirs.ortho_init, theirs.init_log_std) == \
