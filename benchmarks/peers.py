@@ -65,6 +65,8 @@ import time
 import warnings
 from pathlib import Path
 
+import gymnasium
+import numpy as np
 import torch
 
 from benchmarks.common import default_out, machine_info, markdown_table, package_version, write_json
@@ -139,7 +141,7 @@ def hyperparameters(cfg) -> dict:
     keys = ("algo", "n_envs", "n_steps", "n_epochs", "n_minibatches", "lr", "anneal_lr", "lr_floor", "gamma",
             "gae_lambda", "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "adam_eps",
             "optimizer", "rmsprop_alpha", "rmsprop_eps", "hidden_sizes", "activation", "normalize_obs",
-            "normalize_reward", "log_interval")
+            "normalize_reward", "time_feature", "log_interval")
     return {k: getattr(cfg, k) for k in keys}
 
 
@@ -155,10 +157,36 @@ def lr_schedule(cfg, n_iterations: int):
     return lambda progress: floor + min(1.0, max(progress + 1.0 / n_iterations, 0.0)) * (lr - floor)
 
 
+class TimeFeature(gymnasium.Wrapper):
+    """A Gymnasium env whose observations end with fastrl's ``time_feature`` (1 - t / max_episode_steps, t the steps
+    taken in the episode), as the RL Zoo's TimeFeatureWrapper gives them: SB3's side of a comparison."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.limit, self.steps_taken = env.spec.max_episode_steps, 0
+        low, high = env.observation_space.low, env.observation_space.high
+        self.observation_space = gymnasium.spaces.Box(np.append(low, 0.0).astype(np.float32),
+                                                      np.append(high, 1.0).astype(np.float32))
+
+    def _with_feature(self, obs):
+        return np.append(obs, 1.0 - min(self.steps_taken, self.limit) / self.limit).astype(np.float32)
+
+    def reset(self, **kwargs):
+        self.steps_taken = 0
+        obs, info = self.env.reset(**kwargs)
+        return self._with_feature(obs), info
+
+    def step(self, action):
+        self.steps_taken += 1
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self._with_feature(obs), reward, terminated, truncated, info
+
+
 def sb3_env(cfg):
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
-    env = make_vec_env(GYM_IDS.get(cfg.env, cfg.env), n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv)
+    env = make_vec_env(GYM_IDS.get(cfg.env, cfg.env), n_envs=cfg.n_envs, seed=cfg.seed, vec_env_cls=DummyVecEnv,
+                       wrapper_class=TimeFeature if cfg.time_feature else None)
     if cfg.normalize_obs or cfg.normalize_reward:  # Monitor sits inside, so episode returns stay raw
         env = VecNormalize(env, norm_obs=cfg.normalize_obs, norm_reward=cfg.normalize_reward, clip_obs=cfg.obs_clip,
                            clip_reward=cfg.reward_clip, gamma=cfg.gamma)

@@ -247,6 +247,10 @@ class Agent:
             single = True
         elif got[1:] == expected:
             single = False
+        elif self.config.time_feature and len(expected) == 1 and got[-1:] == (expected[0] - 1,):
+            raise UserError(f"observation shape {got} lacks the time feature this agent was trained with "
+                            f"(time_feature): append 1 - t / max_episode_steps to each observation, t the steps "
+                            f"taken in its episode, for shape {expected}")
         else:
             raise UserError(f"observation shape {got} does not fit {self.config.env}'s observations: expected "
                             f"{expected} for one or (batch, {', '.join(map(str, expected))}) for a batch")

@@ -163,7 +163,8 @@ def resolve_env_mode(cfg, n_envs: int) -> str:
     """
     if cfg.env_mode != "auto":
         return cfg.env_mode
-    if async_unsupported(cfg.env, cfg.env_backend, n_envs, normalize=cfg.normalize_obs or cfg.normalize_reward):
+    if cfg.time_feature or async_unsupported(cfg.env, cfg.env_backend, n_envs,
+                                             normalize=cfg.normalize_obs or cfg.normalize_reward):
         return "sync"
     from fastrl.envs import probe_env
     observation_shape = probe_env(cfg)[0]

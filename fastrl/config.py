@@ -137,6 +137,9 @@ class Config:
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
     obs_clip: float = _f(10.0, "clip normalized observations to [-obs_clip, obs_clip]")
     reward_clip: float = _f(10.0, "clip scaled rewards to [-reward_clip, reward_clip]")
+    time_feature: bool = _f(False, "append the share of the episode's time limit still ahead, 1 - t / "
+                                   "max_episode_steps, to each observation (the RL Zoo's TimeFeatureWrapper; float "
+                                   "1-D observations, an env with a time limit, env_mode sync)")
     frame_skip: int = _f(4, "Atari: emulator frames per agent step (max-pooled over the last two)")
     frame_stack: int = _f(4, "Atari: stacked 84x84 grayscale frames per observation")
     noop_max: int = _f(30, "Atari: at most this many no-op actions at the start of each game")
@@ -313,6 +316,11 @@ class Config:
         if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
             raise UserError("env_mode=async does not support normalize_obs/normalize_reward yet (their statistics would "
                             "depend on the order env groups arrive in): use --env-mode sync, or drop the normalization")
+        if self.time_feature and (self.env_mode == "async" or self.env_backend == "torch"):
+            name = "env_mode=async" if self.env_mode == "async" else "env_backend torch"
+            raise UserError(f"time_feature does not apply with {name} (its envs keep no step count for it): use "
+                            f"{'--env-mode sync' if self.env_mode == 'async' else '--env-backend auto'}, or drop "
+                            "time_feature")
         if self.env_mode == "async" and self.env_backend == "torch":
             raise UserError("env_mode=async needs EnvPool, and env_backend torch steps its envs as tensors: use "
                             "--env-mode sync, or --env-backend auto")

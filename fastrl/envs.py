@@ -10,6 +10,8 @@ Conventions shared by every backend:
 - The observation returned on the step that ends an episode is the episode's real final observation,
   so a truncated episode can be bootstrapped from it.
 - Env i of a batch built with ``seed`` is seeded ``seed + i`` (the torch backend: one generator seeded ``seed``).
+- ``time_feature`` (flat float observations): a last entry ``1 - t / max_episode_steps`` is appended, ``t`` the
+  steps taken in the episode, so 1.0 on a first observation (reset steps included) and 0.0 where the limit cuts.
 
 Pixel tasks (EnvPool): Atari ``*-v5`` observations are uint8 ``[N, frame_stack, 84, 84]`` (grayscale, frame
 skip, no-op starts, optional episodic life and reward clipping, all in C++). With episodic life a lost life is a
@@ -640,15 +642,18 @@ class BatchedEnv:
     ``backend="torch"`` builds a ``fastrl.torch_envs.TorchCartPoleEnv`` (same interface, tensors all the way)."""
 
     def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                env_kwargs: dict | None = None, n_members: int = 1):
+                env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.torch_envs import TorchCartPoleEnv
             return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                 env_kwargs: dict | None = None, n_members: int = 1):
-        """``n_members``: the envs are that many members' equal blocks (env i is seeded ``seed + i`` either way)."""
+                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
+        """``n_members``: the envs are that many members' equal blocks (env i is seeded ``seed + i`` either way).
+        ``time_feature``: each observation ``[D]`` gets a last entry ``1 - t / max_episode_steps`` (``[D + 1]``),
+        ``t`` the steps taken in its episode (0 on the first observation, so 1.0 there and 0.0 on the observation a
+        time limit cuts at): the RL Zoo's TimeFeatureWrapper, which lets the value tell how much time is left."""
         self.env_id, self.n_envs = env_id, n_envs
         self.backend = resolve_backend(env_id, backend)
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
@@ -741,8 +746,40 @@ class BatchedEnv:
             self._high = torch.tensor(self.action_spec.high, dtype=torch.float32).view(self.action_spec.shape)
             self._np_action_dtype = np.float32 if self.backend == "envpool" else act_space.dtype
         self._reset_once = False
+        self._time_limit = self._time_feature_limit(env_id, lookup_id, factory, obs_space, env_kwargs) \
+            if time_feature else 0
+        if self._time_limit:
+            self.observation_shape = (self.observation_shape[0] + 1,)
+            self._elapsed = np.zeros(n_envs, dtype=np.int64)
+
+    def _time_feature_limit(self, env_id: str, lookup_id: str, factory, obs_space, env_kwargs: dict) -> int:
+        """The episode time limit the time feature counts down (refused with one line where it cannot apply)."""
+        why = None
+        if self.layout is not None or self._image_key or len(self.observation_shape) != 1:
+            why = f"its observations are {'a Dict' if self.layout is not None else 'images'}, not one flat vector"
+        elif not np.issubdtype(obs_space.dtype, np.floating):
+            why = f"its observations are {obs_space.dtype}, not floats"
+        limit = None
+        if why is None:
+            if self.backend == "envpool":
+                limit = getattr(self._env.spec.config, "max_episode_steps", None)
+            elif getattr(self._env, "envs", None):  # a SyncVectorEnv: its first env's registered spec
+                limit = getattr(getattr(self._env.envs[0], "spec", None), "max_episode_steps", None)
+            elif factory is None and lookup_id not in _VECTOR_ENVS:  # worker processes: the id's own, or the override
+                import gymnasium
+                limit = env_kwargs.get("max_episode_steps") or getattr(gymnasium.spec(lookup_id), "max_episode_steps",
+                                                                        None)
+            if not limit or limit <= 0:
+                why = "it has no episode time limit fastrl can read (register it with max_episode_steps)"
+        if why:
+            self.close()
+            raise UserError(f"time_feature does not apply to {env_id!r}: {why}; drop time_feature")
+        return int(limit)
 
     def _obs(self, obs) -> torch.Tensor:
+        if self._time_limit:
+            feature = 1.0 - np.minimum(self._elapsed, self._time_limit) / self._time_limit
+            return torch.cat([_to_tensor(obs).float(), torch.from_numpy(feature.astype(np.float32))[:, None]], dim=1)
         if self.layout is not None:
             return pack_observation(obs, self.layout)
         if self._image_key is not None:
@@ -759,6 +796,8 @@ class BatchedEnv:
             except Exception as e:  # noqa: BLE001  (the user's env code: whatever it raises stops the run)
                 raise EnvError(self.env_id, e, "reset") from e
         self._prev_done = np.zeros(self.n_envs, dtype=bool)
+        if self._time_limit:
+            self._elapsed[:] = 0
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
         return self._obs(obs)
@@ -785,6 +824,8 @@ class BatchedEnv:
         valid = ~self._prev_done
         done = terminated | truncated
         self._prev_done = done
+        if self._time_limit:  # a reset step starts its episode's count again
+            self._elapsed = np.where(valid, self._elapsed + 1, 0)
         if self._game_stats:
             self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid)
         else:
@@ -919,7 +960,7 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
     n_envs = n_envs or cfg.n_envs
     k = len(members) if members else 1
     env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
-                     env_kwargs=kwargs, n_members=k)
+                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature)
     if k > 1:
         env.stats = MemberEpisodeStats(k, n_envs // k)
     gammas = [m.gamma for m in members] if k > 1 else cfg.gamma
@@ -930,15 +971,17 @@ def probe_env(cfg) -> tuple[tuple, torch.dtype, ActionSpec]:
     """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
     (cached per env settings)."""
     kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
-    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env))
+    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env), cfg.time_feature)
 
 
 @functools.lru_cache(maxsize=32)
-def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None) -> tuple[tuple, torch.dtype, ActionSpec]:
+def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None,
+           time_feature: bool = False) -> tuple[tuple, torch.dtype, ActionSpec]:
     """``identity`` (the env's class, factory or Gymnasium entry point) keys the cache only: a redefined class or a
     re-registered id under the same name is probed afresh."""
     try:
-        env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None)
+        env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None,
+                         time_feature=time_feature)
     except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None

@@ -444,3 +444,14 @@ def test_stop_on_return_and_bad_callbacks(tmp_path):
     assert "not callable" in one_line_error(fastrl.train, env="CartPole-v1", callbacks=[1], run_dir=str(tmp_path))
     assert "every_steps" in one_line_error(EvalCallback, every_steps=0)
     assert math.isinf(EvalCallback().best_return)
+
+
+def test_a_time_feature_agent_acts_on_observations_with_the_feature_and_names_it_when_missing(tmp_path):
+    run = fastrl.train(env="Pendulum-v1", time_feature=True, total_steps=64, n_envs=2, n_steps=16, eval_episodes=1,
+                       run_dir=str(tmp_path / "pendulum"), **QUIET)
+    agent = fastrl.load(run.agent.path)
+    assert agent.config.time_feature is True and agent.observation_shape == (4,)
+    assert agent.act(np.array([1.0, 0.0, 0.0, 0.5])).shape == (1,)
+    with pytest.raises(UserError, match=r"lacks the time feature .*append 1 - t / max_episode_steps"):
+        agent.act(np.array([1.0, 0.0, 0.0]))
+    assert np.isfinite(agent.evaluate(episodes=1)).all()  # its evaluation envs carry the feature too

@@ -199,6 +199,34 @@ def test_sb3_mirror_takes_fastrl_hyperparameters(algo, ortho_init):
         model.get_env().close()
 
 
+def test_sb3s_time_feature_is_fastrls():
+    """SB3's side of a time_feature config appends what fastrl's envs do (tests/test_envs.py): 1 - t / 500 on
+    CartPole, t the steps taken in the episode, 1.0 on an episode's first observation."""
+    import dataclasses
+
+    import numpy as np
+    pytest.importorskip("stable_baselines3")
+    cfg = dataclasses.replace(peers.peer_config("ppo", "CartPole-v1", 3, 10_000, 475.0, 1), n_envs=1,
+                              normalize_obs=False, normalize_reward=False, time_feature=True)
+    env = peers.sb3_env(cfg)
+    try:
+        assert env.observation_space.shape == (5,)
+        assert env.reset()[0, 4] == 1.0
+        steps_taken, episodes = 0, 0
+        for t in range(300):  # a skewed action pattern: the pole falls within tens of steps
+            obs, _, done, info = env.step(np.array([int(t % 3 == 0)]))
+            steps_taken += 1
+            if done[0]:  # SB3 hands out the next episode's first observation, the final one in the info
+                assert info[0]["terminal_observation"][4] == pytest.approx(1.0 - steps_taken / 500)
+                assert obs[0, 4] == 1.0
+                steps_taken, episodes = 0, episodes + 1
+            else:
+                assert obs[0, 4] == pytest.approx(1.0 - steps_taken / 500)
+        assert episodes >= 3
+    finally:
+        env.close()
+
+
 def test_peers_and_learning_end_to_end_tiny(tmp_path):
     pytest.importorskip("stable_baselines3")
     out, learning_out = tmp_path / "peers.json", tmp_path / "learning.json"

@@ -296,3 +296,65 @@ def test_envpool_loads_without_importing_jax():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True"], out.stdout
     assert importlib.util.find_spec("envpool") is not None
+
+
+@pytest.mark.parametrize("backend_name", BACKENDS)
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_time_feature_counts_down_the_time_limit_and_restarts_after_every_episode_end(backend_name, n_envs):
+    """The last observation entry is 1 - t / max_episode_steps, t the steps taken in the episode: 1.0 on a first
+    observation, 0.0 where the limit (20 here, the override, not CartPole's 500) truncates, 1.0 again on the reset
+    step; an episode that terminates early restarts the count too. The env's own entries are untouched."""
+    plain = BatchedEnv("CartPole-v1", n_envs, seed=3, backend=backend_name, env_kwargs={"max_episode_steps": 20})
+    timed = BatchedEnv("CartPole-v1", n_envs, seed=3, backend=backend_name, env_kwargs={"max_episode_steps": 20},
+                       time_feature=True)
+    try:
+        assert timed.observation_shape == (5,) and plain.observation_shape == (4,)
+        first = timed.reset()
+        assert first.shape == (n_envs, 5) and first.dtype == torch.float32
+        torch.testing.assert_close(first[:, :4], plain.reset())
+        assert first[:, 4].tolist() == [1.0] * n_envs
+        steps_taken = torch.zeros(n_envs, dtype=torch.int64)
+        # Alternating actions keep the pole up (truncation at 20); a run of pushes one way ends episodes early.
+        actions = [t % 2 for t in range(42)] + [0] * 30
+        seen_truncation = seen_termination = False
+        for action in actions:
+            batch = torch.full((n_envs,), action, dtype=torch.int64)
+            step, reference = timed.step(batch), plain.step(batch)
+            torch.testing.assert_close(step.observation[:, :4], reference.observation)
+            assert torch.equal(step.valid, reference.valid) and torch.equal(step.done, reference.done)
+            steps_taken = torch.where(step.valid, steps_taken + 1, torch.zeros_like(steps_taken))
+            torch.testing.assert_close(step.observation[:, 4], 1.0 - steps_taken.float() / 20)
+            seen_truncation |= bool(step.truncated.any())
+            seen_termination |= bool(step.terminated.any())
+            assert (step.observation[step.truncated, 4] == 0.0).all()
+            assert (step.observation[~step.valid, 4] == 1.0).all()
+        assert seen_truncation and seen_termination
+        assert timed.step(torch.zeros(n_envs, dtype=torch.int64)).observation.shape == (n_envs, 5)
+    finally:
+        timed.close()
+        plain.close()
+
+
+def test_time_feature_reads_each_backends_own_time_limit():
+    """Pendulum's 200-step limit, from EnvPool's spec and from Gymnasium's registration."""
+    for backend_name in BACKENDS:
+        env = BatchedEnv("Pendulum-v1", 2, seed=0, backend=backend_name, time_feature=True)
+        try:
+            assert env.observation_shape == (4,)
+            env.reset()
+            step = env.step(torch.zeros(2, 1))
+            torch.testing.assert_close(step.observation[:, 3], torch.full((2,), 1.0 - 1 / 200))
+        finally:
+            env.close()
+
+
+def test_time_feature_refusals_are_one_line_user_errors():
+    from fastrl.envs import probe_env
+    with pytest.raises(UserError, match="time_feature does not apply with env_mode=async.*--env-mode sync"):
+        make_config(dict(time_feature=True, env_mode="async"))
+    with pytest.raises(UserError, match="time_feature does not apply with env_backend torch"):
+        make_config(dict(time_feature=True, env_backend="torch"))
+    with pytest.raises(UserError, match="time_feature does not apply to 'Pong-v5': its observations are images"):
+        probe_env(make_config(dict(env="Pong-v5", time_feature=True)))
+    assert probe_env(make_config(dict(env="Pendulum-v1", time_feature=True)))[0] == (4,)
+    assert probe_env(make_config(dict(env="Pendulum-v1")))[0] == (3,)
