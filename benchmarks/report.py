@@ -265,6 +265,11 @@ def population_section(report: dict) -> list:
 def zoo_section(report: dict) -> list:
     from benchmarks.zoo import table
     info = report.get("machine", {})
+    stamps = sorted(row["timestamp"] for row in report["rows"] if row.get("timestamp"))
+    one_thread_only = "; rows before 2026-12-03 22:30 UTC timed 1 thread only" if stamps and \
+        stamps[0] < "2026-12-03T22:30" else ""
+    span = f" The rows started between {stamps[0][:16].replace('T', ' ')} and {stamps[-1][:16].replace('T', ' ')} " \
+           f"UTC." if stamps else ""
     return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
             f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
             f"deterministic evaluation at the end (5 seeds x 10 episodes of its mode policy), median and IQM over "
@@ -273,8 +278,8 @@ def zoo_section(report: dict) -> list:
             f"single run: the budget at SB3's steps/s measured here with the same hyperparameters (the zoo's own "
             f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings, the "
             f"zoo's whole run), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
-            f"count in brackets; rows before 2026-12-03 22:30 UTC timed 1 thread only). Each row "
-            f"names its date and the load average at its start; machine {info.get('cpu_model')}. Curves (median, "
+            f"count in brackets{one_thread_only}). Each row names its date and the load average at its start; "
+            f"machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span} Curves (median, "
             f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]
 
 
