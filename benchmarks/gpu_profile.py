@@ -1,6 +1,7 @@
 """One-GPU profile: kernels against the device's bandwidth, PPO on Atari and CartPole eager / compiled / CUDA graphs.
 
     python -m benchmarks.gpu_profile [--dry-run] [--budget-s S] [--out PATH]     (also: fastrl bench --profile gpu)
+    python -m benchmarks.gpu_profile --modes cudagraphs --atari-n-envs 256 --no-kernels    (a re-check of some rows)
 
 1. Kernels: ``kernels.gae``, ``kernels.vtrace`` and ``kernels.ppo_loss`` (forward + backward), the Triton backend
    against the torch backend (gae/vtrace: the loop twin; ppo_loss: composed torch ops), at several sizes: median
@@ -234,14 +235,15 @@ def run_variant(base: dict, yaml_path: str, warmup_iterations: int, iterations: 
             torch.cuda.empty_cache()
 
 
-def bench_task(task: dict, device: torch.device, budget: Budget, reserve_s: float, dry_run: bool) -> list:
+def bench_task(task: dict, device: torch.device, budget: Budget, reserve_s: float, dry_run: bool,
+               modes: tuple = tuple(m for m, _ in COMPILE_MODES), n_envs_only: tuple = ()) -> list:
     """Every (compile mode, amp, n_envs) variant of ``task`` that fits the budget (keeping ``reserve_s`` for what
     follows), all eager ones first; the rest are recorded as skipped, with the reason. With ``minibatch_size``,
     ``n_minibatches`` follows n_envs so that every variant's update has the same shapes."""
     rows = []
-    for mode, compile_setting in COMPILE_MODES:
+    for mode, compile_setting in [(m, c) for m, c in COMPILE_MODES if m in modes]:
         for amp in task["amps"]:
-            for n_envs in task["n_envs"]:
+            for n_envs in [n for n in task["n_envs"] if not n_envs_only or n in n_envs_only]:
                 row = {"variant": f"{mode} / bf16 {'on' if amp == 'bf16' else 'off'} / {n_envs} envs",
                        "mode": mode, "compile": compile_setting, "amp": amp, "n_envs": n_envs}
                 reason = None
@@ -316,10 +318,12 @@ def summary_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run(dry_run: bool, budget_s: float) -> dict:
+def run(dry_run: bool, budget_s: float, modes: tuple = tuple(m for m, _ in COMPILE_MODES),
+        kernels: bool = True, n_envs_only: tuple = ()) -> dict:
     from benchmarks.kernels import copy_bandwidth
     budget = Budget(budget_s)
     device = torch.device("cpu" if dry_run else "cuda")
+    machine = machine_info(device)  # at the start: its time and load average are the run's start
     bandwidth = device_bandwidth(device)
     copy_gbps = copy_bandwidth(device, 0.05 if dry_run else 0.5, nbytes=(8 << 20) if dry_run else (1 << 30))
     if dry_run:
@@ -327,15 +331,17 @@ def run(dry_run: bool, budget_s: float) -> dict:
     else:
         shapes, timing_s, min_reps = [(128, 1024), (1024, 4096), (1024, 65536)], 0.5, 5
     print(f"# kernels on {device} ({bandwidth['source']})", flush=True)
-    kernel_rows, kernels_skipped = bench_kernels(device, shapes, timing_s, min_reps, bandwidth, copy_gbps)
+    kernel_rows, kernels_skipped = (bench_kernels(device, shapes, timing_s, min_reps, bandwidth, copy_gbps) if kernels
+                                    else ([], {"all": "--no-kernels"}))
     plan = tasks(dry_run)
     compile_context = trace_only_compile() if dry_run else contextlib.nullcontext()
     with compile_context:
         print("# PPO on Breakout-v5", flush=True)
-        atari = bench_task(plan["atari"], device, budget, reserve_s=0.0 if dry_run else 60.0, dry_run=dry_run)
+        atari = bench_task(plan["atari"], device, budget, reserve_s=0.0 if dry_run else 60.0, dry_run=dry_run,
+                           modes=modes, n_envs_only=n_envs_only)
         print("# PPO on CartPole-v1", flush=True)
-        cartpole = bench_task(plan["cartpole"], device, budget, reserve_s=0.0, dry_run=dry_run)
-    return {"benchmark": "gpu_profile", "dry_run": dry_run, "device": str(device), "machine": machine_info(device),
+        cartpole = bench_task(plan["cartpole"], device, budget, reserve_s=0.0, dry_run=dry_run, modes=modes)
+    return {"benchmark": "gpu_profile", "dry_run": dry_run, "device": str(device), "machine": machine,
             "budget_s": budget_s, "elapsed_s": budget_s - budget.left(),
             "compile_backend": "eager (dry run: dynamo traces, no inductor code generation)" if dry_run else "inductor",
             "device_bandwidth": bandwidth, "copy_gbps": copy_gbps, "kernels": kernel_rows,
@@ -350,12 +356,19 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="seconds for the whole profile (default 450; "
                         "dry run 50)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/gpu_profile.json)")
+    parser.add_argument("--modes", nargs="+", choices=[m for m, _ in COMPILE_MODES], default=None,
+                        help="end-to-end variants to run (default: all; a re-check of one mode after a fix)")
+    parser.add_argument("--atari-n-envs", type=int, nargs="+", default=(),
+                        help="only these Atari n_envs (default: 64 and 256)")
+    parser.add_argument("--no-kernels", action="store_true", help="skip the kernel timings")
     args = parser.parse_args(argv)
     if not args.dry_run and not torch.cuda.is_available():
         print("fastrl bench: error: --profile gpu needs a CUDA device and torch.cuda.is_available() is False; run it "
               "on a GPU machine, or add --dry-run for the CPU smoke run", file=sys.stderr)
         return 2
-    report = run(args.dry_run, args.budget_s or (50.0 if args.dry_run else 450.0))
+    modes = tuple(args.modes) if args.modes else tuple(m for m, _ in COMPILE_MODES)
+    report = run(args.dry_run, args.budget_s or (50.0 if args.dry_run else 450.0), modes, not args.no_kernels,
+                 tuple(args.atari_n_envs))
     device = report["device"]
     path = write_json(report, args.out or default_out("gpu_profile_dry_run" if args.dry_run else "gpu_profile", device))
     print()

@@ -25,7 +25,7 @@ from benchmarks.common import RESULTS_DIR, markdown_table
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 PARTS = ("peers", "peers_sb3_zoo", "peers_sb3_default", "peers_rejax", "learning", "envs_sps", "train_sps",
          "rollout_sps", "rollout_step", "kernels", "ddp_scaling", "impala_sps", "learner", "default_solve",
-         "default_process", "population", "zoo")
+         "default_process", "population", "zoo", "gpu_profile", "gpu_profile_recheck")
 LIB_COLORS = {"fastrl": "tab:blue", "sb3": "tab:orange", "sb3[gym]": "tab:orange", "sb3[envpool]": "tab:red",
               "envpool": "tab:blue", "gym_sync": "tab:green", "gym_async": "tab:purple"}
 PALETTE = ["tab:cyan", "tab:olive", "tab:brown", "tab:pink", "tab:gray"]
@@ -283,6 +283,27 @@ def zoo_section(report: dict) -> list:
             f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]
 
 
+def gpu_profile_section(report: dict) -> list:
+    from benchmarks.gpu_profile import summary_markdown
+    info = report["machine"]
+    body = summary_markdown(report).split("\n", 2)[2]  # without its own heading
+    note = f" {report['note']}" if report.get("note") else ""
+    return [f"`fastrl bench --profile gpu` ({info.get('timestamp')}, {info.get('cpu_count')} CPU cores "
+            f"({info.get('cpu_model')}), torch {info.get('torch')}, Python {info.get('python')}). Env steps/s of "
+            f"`collect(); update()` after the warm-up, which includes compiling.{note}", "",
+            body.replace("\n### ", "\n#### ")]
+
+
+def gpu_profile_recheck_section(report: dict) -> list:
+    from benchmarks.gpu_profile import summary_markdown
+    lines = [report["note"], ""]
+    for run in report["runs"]:
+        lines += [f"`{run['command']}` ({run['report']['machine'].get('timestamp')}):", ""]
+        body = summary_markdown(run["report"]).split("### PPO", 1)[1]
+        lines += ["#### PPO" + body.replace("\n### ", "\n#### "), ""]
+    return lines
+
+
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
     "peers_sb3_zoo": ("SB3 like for like, at the zoo's CartPole settings", sb3_zoo_section),
@@ -301,6 +322,8 @@ SECTIONS = {  # part -> (heading, builder)
     "default_process": ("The default command's process time, tree against tree", default_process_section),
     "population": ("Population training (many seeds in one process)", population_section),
     "zoo": ("The zoo: tuned configs at the RL Zoo's budgets, several seeds", zoo_section),
+    "gpu_profile": ("GPU profile: kernels, PPO on Atari and CartPole", gpu_profile_section),
+    "gpu_profile_recheck": ("GPU profile: CUDA graphs re-checked", gpu_profile_recheck_section),
 }
 
 

@@ -106,6 +106,9 @@ class CompiledOrEager:
     def __init__(self, fn, mode: str, name: str, fullgraph: bool = False):
         self.eager, self.name = fn, name
         self.compiled = mode != "off"
+        # CUDA graphs replay into the same output memory: each call starts a new graph step, and its CUDA outputs
+        # are copied out, so that a caller may hold them past the next call (the update sums chunk by chunk).
+        self.graph_outputs = mode == "reduce-overhead"
         # dynamic=False: every shape here is fixed for a run, and a second trainer in the same process (another
         # n_envs, another minibatch) gets its own static graph instead of turning the shared code dynamic.
         options = {"fullgraph": True, "dynamic": False} if fullgraph else {"dynamic": False}
@@ -116,9 +119,16 @@ class CompiledOrEager:
 
     def __call__(self, *args, **kwargs):
         if self._checked:
-            return self.fn(*args, **kwargs)
+            if not (self.graph_outputs and self.compiled):
+                return self.fn(*args, **kwargs)
+            torch.compiler.cudagraph_mark_step_begin()
+            return own_graph_outputs(self.fn(*args, **kwargs))
         try:
+            if self.graph_outputs:
+                torch.compiler.cudagraph_mark_step_begin()
             out = self.fn(*args, **kwargs)
+            if self.graph_outputs:
+                out = own_graph_outputs(out)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
             first = (str(e).strip().splitlines() or [""])[0][:200]
             warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it eagerly",
@@ -127,6 +137,24 @@ class CompiledOrEager:
             out = self.fn(*args, **kwargs)
         self._checked = True
         return out
+
+
+# The devices whose compiled outputs live in CUDA graphs' memory pool (a test adds "cpu" to check the copying).
+GRAPH_OUTPUT_DEVICES = ("cuda",)
+
+
+def own_graph_outputs(out, device_types: tuple | None = None):
+    """``out`` (tensors in tuples, lists and dicts) with each tensor on one of ``device_types`` cloned: CUDA graphs
+    write every replay's outputs to the same memory, which the next replay overwrites."""
+    device_types = GRAPH_OUTPUT_DEVICES if device_types is None else device_types
+    if isinstance(out, torch.Tensor):
+        return out.clone() if out.device.type in device_types else out
+    if isinstance(out, dict):
+        return {key: own_graph_outputs(value, device_types) for key, value in out.items()}
+    if isinstance(out, (tuple, list)):
+        values = [own_graph_outputs(value, device_types) for value in out]
+        return type(out)(*values) if hasattr(out, "_fields") else type(out)(values)
+    return out
 
 
 # Tests turn this off to check that the hot loops never need a recompile (what makes skipping the guards safe).

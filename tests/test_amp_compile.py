@@ -95,6 +95,30 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
     assert not wrapped.compiled
 
 
+def test_cuda_graph_outputs_outlive_the_next_replay(monkeypatch):
+    """Under reduce-overhead each call starts a graph step and hands back copies: a replay that reuses its output
+    memory (what CUDA graphs do, played here on CPU) cannot change a result the caller still holds."""
+    pool = torch.zeros(2)
+
+    def graphed(fn, mode=None, **options):
+        def replay(x):
+            pool.copy_(fn(x))
+            return {"sums": pool, "pair": (pool[:1], None)}
+        return replay
+    steps = []
+    monkeypatch.setattr(fastrl.compile.torch, "compile", graphed)
+    monkeypatch.setattr(fastrl.compile.torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    monkeypatch.setattr(fastrl.compile, "GRAPH_OUTPUT_DEVICES", ("cpu",))
+    wrapped = CompiledOrEager(lambda x: x * 2, "reduce-overhead", "toy")
+    first = wrapped(torch.tensor([1.0, 2.0]))
+    second = wrapped(torch.tensor([5.0, 7.0]))
+    assert first["sums"].tolist() == [2.0, 4.0] and first["pair"][0].tolist() == [2.0] and first["pair"][1] is None
+    assert second["sums"].tolist() == [10.0, 14.0]
+    assert len(steps) == 2
+    plain = CompiledOrEager(lambda x: x * 2, "default", "toy")  # no CUDA graphs: outputs are returned as they are
+    assert plain(torch.tensor([1.0]))["sums"] is pool and len(steps) == 2
+
+
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])
 def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     """Dynamo's guards are what decide recompiles, so the cheap aot_eager backend stands in for inductor here;

@@ -134,6 +134,19 @@ def test_report_turns_results_into_markdown_and_pngs(tmp_path):
         assert f"cpu-test/plots/{name}" in text
 
 
+def test_report_renders_the_committed_gpu_profile():
+    """The H200 profile and its CUDA-graph re-check, from the committed JSON: each run's tables under one heading."""
+    text, _ = report.render(Path(report.RESULTS_DIR), Path(report.RESULTS_DIR).parent / "RESULTS.md",
+                            machines=["nvidia-h200"])
+    assert "## nvidia-h200" in text and "### GPU profile: CUDA graphs re-checked" in text
+    rows = _table_rows(text)
+    gae = [row for row in rows if row[:3] == ["gae", "triton", "1024x65536"]]
+    assert len(gae) == 1 and gae[0][4] == "1,716"
+    regraphed = [row for row in rows if row[0] == "cudagraphs / bf16 off / 256 envs" and row[1] not in ("", "steps/s")]
+    assert [row[1] for row in regraphed] == ["7,940"]  # the full run's row is the error, the re-check's the figure
+    assert text.count("#### PPO on CartPole-v1") == 3  # no second-level heading inside a section
+
+
 def test_report_with_no_results_still_writes_a_file(tmp_path):
     out = tmp_path / "RESULTS.md"
     assert report.main(["--results", str(tmp_path / "missing"), "--out", str(out)]) == 0
