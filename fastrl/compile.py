@@ -7,6 +7,7 @@ inductor caches only make the second compile faster.
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from contextlib import nullcontext
@@ -20,13 +21,24 @@ import torch
 # inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
 # whatever it holds: a warm cache then only makes the compile cheaper.
 CPU_COMPILE_MIN_GRADIENT_STEPS = 20_000
+# The same for a population (K > 1 members in one process): its eager step costs more per step and its compile, one
+# step per call at these lengths, less. 3 Pendulum members, 15.4k steps of minibatch 64 (2026-12-04, cold cache):
+# 56 s process eager, 46 s compiled at one step per call.
+CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 10_000
 # From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
 # saves 60-90 us per step (about 150 us with the env fused in, env_backend torch) and compiles in about 10 s cold.
 CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000
 CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS = 80_000
-# How many minibatch gradient steps one compiled update call runs at most (unrolled in one graph): each call costs
-# 60-110 us of Python, Dynamo and AOT prologue on CPU, and each unrolled step adds to the compile time.
+# How many minibatch gradient steps one compiled update call runs (unrolled in one graph): each call costs a prologue
+# (Python, Dynamo, AOT), each unrolled step adds compile time. Measured on the 2-core CPU (3 Acrobot members, 64x64
+# MLPs, minibatch 64, cold inductor cache, 2026-12-04): the first update call took 17.2 / 22.0 / 32.0 / 56.0 s at
+# 1 / 2 / 4 / 8 steps per call (about 5.5 s per unrolled step) and an iteration's 256 steps 153 / 134 / 104 / 102 ms
+# (about 0.23 ms per call). A run's update time, about compile(k) + G * (step + CALL_OVERHEAD_S / k) over its G
+# gradient steps, is least near k = sqrt(G * CALL_OVERHEAD_S / COMPILE_S_PER_UNROLLED_STEP): 1 for Pendulum's 15k
+# steps (3 members: 46 s process at 1 step per call, 56 s at 2, 65 s at 4), 2 for 1M-step MuJoCo, 6 for 1M steps.
 MAX_STEPS_PER_CALL = 8
+COMPILE_S_PER_UNROLLED_STEP = 5.5
+CALL_OVERHEAD_S = 0.23e-3
 
 
 @dataclass(frozen=True)
@@ -41,27 +53,35 @@ class CompilePlan:
         return asdict(self)
 
 
-def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool) -> int:
-    """Minibatch steps per update call: the whole update (``n_epochs * n_minibatches``) when it fits in
-    ``MAX_STEPS_PER_CALL``, else the most whole epochs that do, else the largest divisor of ``n_minibatches`` that
-    does (every call then has the same shapes: one graph). Under torchrun one minibatch: the gradient all-reduce runs
-    between a step's two compiled halves."""
+def target_steps_per_call(gradient_steps: int) -> int:
+    """The steps per call that least costs a run of ``gradient_steps`` (compile against per-call prologue), in
+    ``[1, MAX_STEPS_PER_CALL]``."""
+    best = math.sqrt(max(gradient_steps, 0) * CALL_OVERHEAD_S / COMPILE_S_PER_UNROLLED_STEP)
+    return min(MAX_STEPS_PER_CALL, max(1, round(best)))
+
+
+def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool, limit: int = MAX_STEPS_PER_CALL) -> int:
+    """Minibatch steps per update call, at most ``limit``: the whole update (``n_epochs * n_minibatches``) when it
+    fits, else the most whole epochs that do, else the largest divisor of ``n_minibatches`` that does (every call
+    then has the same shapes: one graph). Under torchrun one minibatch: the gradient all-reduce runs between a step's
+    two compiled halves."""
     if distributed:
         return 1
-    if n_minibatches <= MAX_STEPS_PER_CALL:
-        epochs = max(e for e in range(1, n_epochs + 1) if n_epochs % e == 0 and e * n_minibatches <= MAX_STEPS_PER_CALL)
+    if n_minibatches <= limit:
+        epochs = max(e for e in range(1, n_epochs + 1) if n_epochs % e == 0 and e * n_minibatches <= limit)
         return epochs * n_minibatches
-    return max(d for d in range(1, MAX_STEPS_PER_CALL + 1) if n_minibatches % d == 0)
+    return max(d for d in range(1, limit + 1) if n_minibatches % d == 0)
 
 
 def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_steps: int = 0,
                  fused_rollout: bool = False, n_epochs: int = 1, n_minibatches: int = 1,
-                 distributed: bool = False) -> CompilePlan:
+                 distributed: bool = False, members: int = 1) -> CompilePlan:
     """The plan for ``cfg.compile``.
 
     ``auto``: on CUDA both parts compiled with CUDA graphs (``reduce-overhead``). On CPU each part is compiled when the
     run is long enough to repay its compile: the update from ``CPU_COMPILE_MIN_GRADIENT_STEPS`` gradient steps
-    (``gradient_steps`` over the whole run), the rollout step from ``CPU_ROLLOUT_COMPILE_MIN_STEPS`` steps per env
+    (``gradient_steps`` over the whole run; a population of ``members`` > 1 from
+    ``CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS``), the rollout step from ``CPU_ROLLOUT_COMPILE_MIN_STEPS`` steps per env
     (``rollout_steps``; ``CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS`` with the env fused in). Any other mode applies to both.
     """
     if mode != "auto":
@@ -71,10 +91,12 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
     else:
         needed = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
         rollout = "default" if rollout_steps >= needed else "off"
-        update = "default" if gradient_steps >= CPU_COMPILE_MIN_GRADIENT_STEPS else "off"
+        needed = CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS if members > 1 else CPU_COMPILE_MIN_GRADIENT_STEPS
+        update = "default" if gradient_steps >= needed else "off"
     if (rollout, update) != ("off", "off"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
-    per_call = steps_per_call(n_epochs, n_minibatches, distributed) if update != "off" else 1
+    per_call = (steps_per_call(n_epochs, n_minibatches, distributed, target_steps_per_call(gradient_steps))
+                if update != "off" else 1)
     return CompilePlan(rollout, update, per_call)
 
 

@@ -873,13 +873,61 @@ def normalize_observation(obs: torch.Tensor, obs_rms: RunningMeanStd, clip: floa
     return scaled.clamp_(-clip, clip).float()
 
 
+class MemberRunningMeanStd:
+    """K running means and variances, one per member, updated at once from ``[K, n, *shape]`` batches (Chan et al.
+    parallel update), float64: ``mean``, ``var`` ``[K, *shape]``, ``count`` ``[K]``."""
+
+    def __init__(self, members: int, shape=()):
+        self.mean = torch.zeros((members, *shape), dtype=torch.float64)
+        self.var = torch.ones((members, *shape), dtype=torch.float64)
+        self.count = torch.full((members,), 1e-4, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Fold in ``x [K, n, *shape]``; ``mask [K, n]`` keeps only its rows (None: all). A member with no row
+        keeps its statistics (no NaN from an empty mean)."""
+        x = x.double()
+        trailing = (1,) * (x.dim() - 2)
+        if mask is None:
+            if x.shape[1] == 0:
+                return
+            n = torch.full_like(self.count, x.shape[1])
+            batch_mean, batch_var = x.mean(1), x.var(1, unbiased=False)
+        else:
+            n = mask.sum(1).double()
+            weight = mask.double().view(*mask.shape, *trailing)
+            rows = n.clamp(min=1.0).view(-1, *trailing)
+            batch_mean = (x * weight).sum(1) / rows
+            batch_var = ((x - batch_mean.unsqueeze(1)).square() * weight).sum(1) / rows
+        n_, count = n.view(-1, *trailing), self.count.view(-1, *trailing)
+        delta = batch_mean - self.mean
+        total = count + n_
+        mean = self.mean + delta * n_ / total
+        var = (self.var * count + batch_var * n_ + delta.square() * count * n_ / total) / total
+        if mask is None:
+            self.mean, self.var, self.count = mean, var, self.count + n
+        else:
+            seen = (n > 0).view(-1, *trailing)
+            self.mean, self.var = torch.where(seen, mean, self.mean), torch.where(seen, var, self.var)
+            self.count = torch.where(n > 0, self.count + n, self.count)
+
+    def member(self, m: int) -> RunningMeanStd:
+        """Member ``m``'s statistics as a single run's ``RunningMeanStd`` (a copy)."""
+        rms = RunningMeanStd(self.mean.shape[1:])
+        rms.load_state_dict({"mean": self.mean[m], "var": self.var[m], "count": self.count[m]})
+        return rms
+
+    def load_member(self, m: int, state: dict) -> None:
+        self.mean[m], self.var[m], self.count[m] = state["mean"], state["var"], state["count"]
+
+
 class NormalizedEnv:
     """Running observation normalization and reward scaling around a BatchedEnv, per member.
 
-    Rewards are divided by the running std of the discounted return (reset at episode ends).
-    ``training=False`` freezes the statistics and leaves rewards unscaled (evaluation).
+    Rewards are divided by the running std of the discounted return (reset at episode ends; reset steps left out of
+    its statistics). ``training=False`` freezes the statistics and leaves rewards unscaled (evaluation).
     Episode statistics stay those of the raw env. ``gammas``: one discount per member; member m owns envs
-    ``[m * n, (m + 1) * n)`` and keeps its own statistics (``state_dict(m)``), equal to its single run's.
+    ``[m * n, (m + 1) * n)`` and keeps its own statistics (``state_dict(m)``), equal to its single run's: every
+    member's are updated at once over ``[K, n, ...]``, the same arithmetic at K = 1.
     """
 
     def __init__(self, env: BatchedEnv, normalize_obs: bool, normalize_reward: bool, gamma: float | list,
@@ -888,8 +936,9 @@ class NormalizedEnv:
         self.gammas = list(gamma) if isinstance(gamma, (list, tuple)) else [gamma]
         self.n_members = len(self.gammas)
         self.obs_clip, self.reward_clip, self.training = obs_clip, reward_clip, training
-        self.member_obs_rms = [RunningMeanStd(env.observation_shape) for _ in self.gammas]
-        self.member_return_rms = [RunningMeanStd(()) for _ in self.gammas]
+        self.obs_stats = MemberRunningMeanStd(self.n_members, env.observation_shape)
+        self.return_stats = MemberRunningMeanStd(self.n_members)
+        self.member_gamma = torch.tensor(self.gammas, dtype=torch.float64).unsqueeze(1)  # [K, 1]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
         self.member_envs = env.n_envs // self.n_members
 
@@ -898,30 +947,23 @@ class NormalizedEnv:
 
     @property
     def obs_rms(self) -> RunningMeanStd:
-        """The (first) member's observation statistics: a single run's."""
-        return self.member_obs_rms[0]
+        """The (first) member's observation statistics: a single run's (a copy)."""
+        return self.obs_stats.member(0)
 
     @property
     def return_rms(self) -> RunningMeanStd:
-        return self.member_return_rms[0]
-
-    def _rows(self, m: int) -> slice:
-        return slice(m * self.member_envs, (m + 1) * self.member_envs)
+        return self.return_stats.member(0)
 
     def _obs(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs [K * n, ...]``, normalized by each member's statistics (updated first when training): float32."""
         if not self.normalize_obs:
             return obs
-        if self.n_members == 1:
-            if self.training:
-                self.obs_rms.update(obs)
-            return normalize_observation(obs, self.obs_rms, self.obs_clip)
-        out = torch.empty(obs.shape, dtype=torch.float32)
-        for m, rms in enumerate(self.member_obs_rms):
-            rows = obs[self._rows(m)]
-            if self.training:
-                rms.update(rows)
-            out[self._rows(m)] = normalize_observation(rows, rms, self.obs_clip)
-        return out
+        grouped = obs.reshape(self.n_members, -1, *obs.shape[1:])
+        if self.training:
+            self.obs_stats.update(grouped)
+        mean = self.obs_stats.mean.unsqueeze(1)
+        std = torch.sqrt(self.obs_stats.var.unsqueeze(1) + 1e-8)
+        return ((grouped.double() - mean) / std).clamp_(-self.obs_clip, self.obs_clip).float().reshape(obs.shape)
 
     def reset(self) -> torch.Tensor:
         self.discounted_return.zero_()
@@ -931,25 +973,24 @@ class NormalizedEnv:
         out = self.env.step(action)
         out.observation = self._obs(out.observation)
         if self.normalize_reward and self.training:
-            scaled = torch.empty(out.reward.shape, dtype=torch.float64)
-            for m, (gamma, rms) in enumerate(zip(self.gammas, self.member_return_rms)):
-                rows = self._rows(m) if self.n_members > 1 else slice(None)
-                returns = self.discounted_return[rows] * gamma + out.reward[rows].double()
-                self.discounted_return[rows] = returns
-                rms.update(returns[out.valid[rows]])
-                scaled[rows] = out.reward[rows].double() / torch.sqrt(rms.var + 1e-8)
-            out.reward = scaled.clamp_(-self.reward_clip, self.reward_clip).float()
+            k = self.n_members
+            reward = out.reward.double().view(k, -1)
+            returns = self.discounted_return.view(k, -1) * self.member_gamma + reward
+            self.discounted_return = returns.reshape(-1)
+            self.return_stats.update(returns, out.valid.view(k, -1))
+            scaled = reward / torch.sqrt(self.return_stats.var.unsqueeze(1) + 1e-8)
+            out.reward = scaled.clamp_(-self.reward_clip, self.reward_clip).float().reshape(-1)
             self.discounted_return[out.done] = 0.0
         return out
 
     def state_dict(self, member: int = 0) -> dict:
         """Member ``member``'s statistics (a single run's format)."""
-        return {"obs_rms": self.member_obs_rms[member].state_dict(),
-                "return_rms": self.member_return_rms[member].state_dict()}
+        return {"obs_rms": self.obs_stats.member(member).state_dict(),
+                "return_rms": self.return_stats.member(member).state_dict()}
 
     def load_state_dict(self, state: dict, member: int = 0) -> None:
-        self.member_obs_rms[member].load_state_dict(state["obs_rms"])
-        self.member_return_rms[member].load_state_dict(state["return_rms"])
+        self.obs_stats.load_member(member, state["obs_rms"])
+        self.return_stats.load_member(member, state["return_rms"])
 
 
 def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: bool = True,

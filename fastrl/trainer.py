@@ -196,12 +196,9 @@ class Trainer:
         forward, the rollout step and the update calls accordingly."""
         cfg, k = self.cfg, self.n_members
         fused = self.env_mode == "sync" and has_fused_step(self.env)
-        # A population's eager step batches its members' MLPs as matmuls (no vmap), so it compiles from as many
-        # gradient steps as one agent: 3 Pendulum members, 15.4k steps of minibatch 64, ran 54 s eager and 70 s with
-        # the update compiled (about 50 s of it compiling).
         gradient_steps = self.n_iterations * self.spec.n_steps
         self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
-                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled)
+                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled, members=k)
         rollout_mode = self.plan.rollout
         if k > 1 and cfg.compile == "auto" and self.plan.update != "off":
             rollout_mode = self.plan.update  # eager vmap's per-op batching rules cost more than the compile

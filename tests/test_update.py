@@ -235,14 +235,28 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert empty == full
     assert [p.update for p in empty] == ["off", "default", "default"]
     assert compile_plan("auto", torch.device("cuda"), 0).update == "reduce-overhead"
-    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=2).steps_per_call == 8
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=32).steps_per_call == 8
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=4).steps_per_call == 8
-    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=1).steps_per_call == 4
-    assert compile_plan("auto", cpu, 10**6, n_epochs=5, n_minibatches=5).steps_per_call == 5
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=7).steps_per_call == 7
-    assert compile_plan("auto", cpu, 10**6, n_epochs=10, n_minibatches=11).steps_per_call == 1
-    assert compile_plan("auto", cpu, 10**6, n_epochs=4, n_minibatches=2, distributed=True).steps_per_call == 1
+    long = 2 * 10**6  # long enough for the most steps per call (8)
+    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2).steps_per_call == 8
+    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=32).steps_per_call == 8
+    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=4).steps_per_call == 8
+    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=1).steps_per_call == 4
+    assert compile_plan("auto", cpu, long, n_epochs=5, n_minibatches=5).steps_per_call == 5
+    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=7).steps_per_call == 7
+    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=11).steps_per_call == 1
+    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2, distributed=True).steps_per_call == 1
+
+
+def test_steps_per_call_weighs_the_compile_against_the_calls():
+    """Short runs unroll less (each unrolled step costs compile time), long runs more (each call costs a prologue):
+    the measured optimum sqrt(G * CALL_OVERHEAD_S / COMPILE_S_PER_UNROLLED_STEP), within the shapes' divisors."""
+    cpu = torch.device("cpu")
+    per_call = {g: compile_plan("default", cpu, g, n_epochs=10, n_minibatches=32).steps_per_call
+                for g in (1_000, 15_360, 62_464, 156_250, 10**6, 10**8)}
+    assert per_call == {1_000: 1, 15_360: 1, 62_464: 2, 156_250: 2, 10**6: 4, 10**8: 8}
+    # 6 is the target at 1M steps; 32 minibatches allow 4 of them per call, 6 minibatches all 6
+    assert compile_plan("default", cpu, 10**6, n_epochs=10, n_minibatches=6).steps_per_call == 6
+    assert compile_plan("auto", cpu, 15_360).update == "off"  # one agent: eager below 20k steps
+    assert compile_plan("auto", cpu, 15_360, members=3).update == "default"  # a population compiles from 10k
 
 
 def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
