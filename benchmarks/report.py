@@ -268,7 +268,7 @@ def zoo_section(report: dict) -> list:
     stamps = sorted(row["timestamp"] for row in report["rows"] if row.get("timestamp"))
     one_thread_only = "; rows before 2026-12-03 22:30 UTC timed 1 thread only" if stamps and \
         stamps[0] < "2026-12-03T22:30" else ""
-    span = f" The rows started between {stamps[0][:16].replace('T', ' ')} and {stamps[-1][:16].replace('T', ' ')} " \
+    span = f" The rows were written between {stamps[0][:16].replace('T', ' ')} and {stamps[-1][:16].replace('T', ' ')} " \
            f"UTC." if stamps else ""
     return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
             f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
