@@ -21,10 +21,10 @@ import torch
 # inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
 # whatever it holds: a warm cache then only makes the compile cheaper.
 CPU_COMPILE_MIN_GRADIENT_STEPS = 20_000
-# The same for a population (K > 1 members in one process): its eager step costs more per step and its compile, one
-# step per call at these lengths, less. 3 Pendulum members, 15.4k steps of minibatch 64 (2026-12-04, cold cache):
-# 56 s process eager, 46 s compiled at one step per call.
-CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 10_000
+# The same for a population (K > 1 members in one process): its eager step costs more (2.9 ms for 3 members at
+# minibatch 64, 3.9 ms at 256) and its compile, one step per call at these lengths, less (about 12 s): break-even
+# near 5,000 steps. 3 Pendulum members, 15.4k steps (2026-12-04, cold cache): 56 s process eager, 46 s compiled.
+CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 6_000
 # From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
 # saves 60-90 us per step (about 150 us with the env fused in, env_backend torch) and compiles in about 10 s cold.
 CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000
