@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import statistics
 import time
 from pathlib import Path
@@ -43,9 +44,25 @@ def load_average() -> list | None:
         return None
 
 
+def code_version() -> str | None:
+    """The checkout's commit (short hash), with ``+changes`` when tracked files differ from it; None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def machine_info(device: torch.device | str = "cpu") -> dict:
-    """Everything needed to tell two result files apart: machine, versions, threads, time, load."""
+    """Everything needed to tell two result files apart: machine, versions, code, threads, time, load."""
     return {
+        "code": code_version(),
         "machine": machine_tag(device),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),

@@ -42,7 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.common import RESULTS_DIR, load_average, machine_info, machine_tag, markdown_table, write_json
+from benchmarks.common import (RESULTS_DIR, code_version, load_average, machine_info, machine_tag, markdown_table,
+                               write_json)
 
 REPO = Path(__file__).resolve().parent.parent
 ZOO_SOURCE = "https://github.com/DLR-RM/rl-baselines3-zoo/blob/0088472b8cb622732bdbc4aa3d0d0abde86c67ed/benchmark.md"
@@ -210,7 +211,7 @@ def wait_for_quiet(below: float, max_wait_s: float, poll_s: float = 5.0) -> list
 
 def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> dict:
     from fastrl.population import interquartile_mean
-    load = load_average()
+    load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with tempfile.TemporaryDirectory(prefix="fastrl-zoo-") as tmp:
         run = train_fastrl(row, seeds, steps, Path(tmp))
     sb3 = time_sb3(row, steps)
@@ -218,7 +219,7 @@ def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> di
     result = {**asdict(row), "budget": steps, "seeds": seeds, "quick": quick, **run, **sb3,
               "eval_median": median(evals), "eval_iqm": interquartile_mean(evals) if evals else None,
               "last100_median": median(run["last100_returns"]), "load_average_at_start": load,
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "started": started, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code_version()}
     if sb3.get("sb3_single_run_s"):
         result["faster_than_sb3_single_run"] = run["process_s"] < sb3["sb3_single_run_s"]
     write_json(result, out / "zoo" / f"{row.config.replace('/', '_')}.json")

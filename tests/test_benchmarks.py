@@ -1,6 +1,7 @@
 """Smoke tests of the benchmark suite: the entry point, the report generator and the peers' pure pieces."""
 import json
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,22 @@ def test_report_renders_the_committed_gpu_profile():
     regraphed = [row for row in rows if row[0] == "cudagraphs / bf16 off / 256 envs" and row[1] not in ("", "steps/s")]
     assert [row[1] for row in regraphed] == ["7,940"]  # the full run's row is the error, the re-check's the figure
     assert text.count("#### PPO on CartPole-v1") == 3  # no second-level heading inside a section
+
+
+def test_results_name_the_code_they_ran(monkeypatch):
+    """machine_info (every result file) and each zoo row carry the checkout's commit, marked when files differ."""
+    from benchmarks import common
+    head = subprocess.run(["git", "-C", str(Path(common.__file__).parent.parent), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    code = common.machine_info()["code"]
+    assert code.split("+")[0] == head.stdout.strip() and code.removeprefix(head.stdout.strip()) in ("", "+changes")
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+    monkeypatch.setattr(common.subprocess, "run", no_git)
+    assert common.code_version() is None
 
 
 def test_report_with_no_results_still_writes_a_file(tmp_path):
