@@ -266,9 +266,16 @@ def run_as_process(main_function, *args) -> int:
         gc.disable()
         _STARTUP_GC["paused"] = True
     try:
-        return main_function(*args)
+        status = main_function(*args)
     finally:
         settle_collection_for_exit()
+    if status == 130 and _STARTUP_INTERRUPT.get("cut_imports"):
+        # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
+        # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    return status
 
 
 def end_startup_gc_pause() -> None:
@@ -341,12 +348,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
             return 130
     except KeyboardInterrupt:
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
+        _STARTUP_INTERRUPT["cut_imports"] = True
         return 130
     except Exception:
         # A Ctrl-C that cut an import short (numpy's, inside a library that caught it) surfaces as another error.
         if _STARTUP_INTERRUPT["signal"] is None:
             raise
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
+        _STARTUP_INTERRUPT["cut_imports"] = True
         return 130
     finally:
         if previous is not None:
