@@ -50,6 +50,7 @@ KNOWN_BANDWIDTH_GBPS = {
 
 # (mode name, compile setting); CUDA graphs need CUDA.
 COMPILE_MODES = [("eager", "off"), ("compiled", "default"), ("cudagraphs", "reduce-overhead")]
+MODE_NAMES = tuple(name for name, _ in COMPILE_MODES)
 CUDA_ONLY = {"cudagraphs": "CUDA graphs need a CUDA device"}
 # Seconds a variant needs (warm-up with a cold compile included) to be started: the budget check.
 NEEDS_S = {"eager": 20.0, "compiled": 100.0, "cudagraphs": 100.0}
@@ -236,7 +237,7 @@ def run_variant(base: dict, yaml_path: str, warmup_iterations: int, iterations: 
 
 
 def bench_task(task: dict, device: torch.device, budget: Budget, reserve_s: float, dry_run: bool,
-               modes: tuple = tuple(m for m, _ in COMPILE_MODES), n_envs_only: tuple = ()) -> list:
+               modes: tuple = MODE_NAMES, n_envs_only: tuple = ()) -> list:
     """Every (compile mode, amp, n_envs) variant of ``task`` that fits the budget (keeping ``reserve_s`` for what
     follows), all eager ones first; the rest are recorded as skipped, with the reason. With ``minibatch_size``,
     ``n_minibatches`` follows n_envs so that every variant's update has the same shapes."""
@@ -318,7 +319,7 @@ def summary_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run(dry_run: bool, budget_s: float, modes: tuple = tuple(m for m, _ in COMPILE_MODES),
+def run(dry_run: bool, budget_s: float, modes: tuple = MODE_NAMES,
         kernels: bool = True, n_envs_only: tuple = ()) -> dict:
     from benchmarks.kernels import copy_bandwidth
     budget = Budget(budget_s)
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None, help="seconds for the whole profile (default 450; "
                         "dry run 50)")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/<machine>/gpu_profile.json)")
-    parser.add_argument("--modes", nargs="+", choices=[m for m, _ in COMPILE_MODES], default=None,
+    parser.add_argument("--modes", nargs="+", choices=MODE_NAMES, default=None,
                         help="end-to-end variants to run (default: all; a re-check of one mode after a fix)")
     parser.add_argument("--atari-n-envs", type=int, nargs="+", default=(),
                         help="only these Atari n_envs (default: 64 and 256)")
@@ -366,7 +367,7 @@ def main(argv=None) -> int:
         print("fastrl bench: error: --profile gpu needs a CUDA device and torch.cuda.is_available() is False; run it "
               "on a GPU machine, or add --dry-run for the CPU smoke run", file=sys.stderr)
         return 2
-    modes = tuple(args.modes) if args.modes else tuple(m for m, _ in COMPILE_MODES)
+    modes = tuple(args.modes) if args.modes else MODE_NAMES
     report = run(args.dry_run, args.budget_s or (50.0 if args.dry_run else 450.0), modes, not args.no_kernels,
                  tuple(args.atari_n_envs))
     device = report["device"]

@@ -89,10 +89,10 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
     elif device.type == "cuda":
         rollout = update = "reduce-overhead"
     else:
-        needed = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
-        rollout = "default" if rollout_steps >= needed else "off"
-        needed = CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS if members > 1 else CPU_COMPILE_MIN_GRADIENT_STEPS
-        update = "default" if gradient_steps >= needed else "off"
+        rollout_needs = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
+        rollout = "default" if rollout_steps >= rollout_needs else "off"
+        update_needs = CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS if members > 1 else CPU_COMPILE_MIN_GRADIENT_STEPS
+        update = "default" if gradient_steps >= update_needs else "off"
     if (rollout, update) != ("off", "off"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
     per_call = (steps_per_call(n_epochs, n_minibatches, distributed, target_steps_per_call(gradient_steps))
@@ -139,18 +139,17 @@ class CompiledOrEager:
             _prime_tensordict_memo()
         self._checked = not self.compiled
 
+    def _invoke(self, *args, **kwargs):
+        if not (self.graph_outputs and self.compiled):
+            return self.fn(*args, **kwargs)
+        torch.compiler.cudagraph_mark_step_begin()
+        return own_graph_outputs(self.fn(*args, **kwargs))
+
     def __call__(self, *args, **kwargs):
         if self._checked:
-            if not (self.graph_outputs and self.compiled):
-                return self.fn(*args, **kwargs)
-            torch.compiler.cudagraph_mark_step_begin()
-            return own_graph_outputs(self.fn(*args, **kwargs))
+            return self._invoke(*args, **kwargs)
         try:
-            if self.graph_outputs:
-                torch.compiler.cudagraph_mark_step_begin()
-            out = self.fn(*args, **kwargs)
-            if self.graph_outputs:
-                out = own_graph_outputs(out)
+            out = self._invoke(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
             first = (str(e).strip().splitlines() or [""])[0][:200]
             warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it eagerly",

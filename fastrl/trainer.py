@@ -202,8 +202,7 @@ class Trainer:
         # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
         # compiling it to save 2 s of forwards (2026-12-04).
-        rollout_mode = self.plan.rollout
-        self.rollout_mode = rollout_mode
+        rollout_mode = self.rollout_mode = self.plan.rollout
         policy = self.policy
         self.policy_step = CompiledOrEager(policy.get_action_and_value,
                                            rollout_mode if self.device.type == "cuda" or k > 1 else "off",

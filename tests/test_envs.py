@@ -358,3 +358,26 @@ def test_time_feature_refusals_are_one_line_user_errors():
         probe_env(make_config(dict(env="Pong-v5", time_feature=True)))
     assert probe_env(make_config(dict(env="Pendulum-v1", time_feature=True)))[0] == (4,)
     assert probe_env(make_config(dict(env="Pendulum-v1")))[0] == (3,)
+
+
+def test_member_statistics_match_one_running_mean_std_per_member():
+    """The normalizer's vectorized statistics (every member at once, reset rows masked) against its loop twin: one
+    RunningMeanStd per member, updated with that member's kept rows; a member with no kept row stays as it was."""
+    from fastrl.envs import MemberRunningMeanStd, RunningMeanStd
+    gen = torch.Generator().manual_seed(0)
+    k, n = 3, 5
+    for shape, masked in (((4,), False), ((), True)):
+        stats = MemberRunningMeanStd(k, shape)
+        twins = [RunningMeanStd(shape) for _ in range(k)]
+        for step in range(6):
+            x = torch.randn((k, n, *shape), generator=gen, dtype=torch.float32) * (step + 1) + step
+            mask = torch.rand(k, n, generator=gen) > 0.4 if masked else None
+            if masked and step == 2:
+                mask[1] = False  # member 1 only on reset steps: nothing to learn
+            stats.update(x, mask)
+            for m, twin in enumerate(twins):
+                twin.update(x[m] if mask is None else x[m][mask[m]])
+        for m, twin in enumerate(twins):
+            member = stats.member(m)
+            for key in ("mean", "var", "count"):
+                assert torch.allclose(getattr(member, key), getattr(twin, key), rtol=1e-12, atol=1e-12), (m, key)
