@@ -45,7 +45,9 @@ def load_average() -> list | None:
 
 
 def code_version() -> str | None:
-    """The checkout's commit (short hash), with ``+changes`` when tracked files differ from it; None outside git."""
+    """The checkout's commit (short hash), with ``+changes(<paths>)`` naming the tracked files that differ from it
+    (the first five, then how many more), so a reader can tell edits to the trainer from edits beside it; None
+    outside git."""
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -56,7 +58,11 @@ def code_version() -> str | None:
                                capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return commit.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+    paths = [line[3:].split(" -> ")[-1] for line in dirty.stdout.splitlines() if line.strip()]
+    if not paths:
+        return commit.stdout.strip()
+    more = f", {len(paths) - 5} more" if len(paths) > 5 else ""
+    return f"{commit.stdout.strip()}+changes({', '.join(paths[:5])}{more})"
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict:

@@ -262,14 +262,34 @@ def population_section(report: dict) -> list:
     return lines
 
 
+def zoo_rows_span(rows: list) -> str:
+    """"<first start> and <last end>" of the rows, minutes in UTC (a row without ``started``, from before
+    2026-12-04, counts from its end ``timestamp``)."""
+    starts = sorted(row.get("started") or row["timestamp"] for row in rows if row.get("timestamp"))
+    ends = sorted(row["timestamp"] for row in rows if row.get("timestamp"))
+    return f"{starts[0][:16].replace('T', ' ')} and {ends[-1][:16].replace('T', ' ')}"
+
+
+def zoo_rows_code(rows: list) -> str:
+    """Which code the rows ran: one sentence, naming every version when they differ (rows from before
+    2026-12-04 recorded none), with a version's ``code_note`` where a row's file carries one (what its changes were,
+    for rows from before ``code_version`` named the changed files)."""
+    codes = [row.get("code") or "unrecorded" for row in rows]
+    notes = {code: row["code_note"] for row, code in zip(rows, codes) if row.get("code_note")}
+    if len(set(codes)) == 1:
+        return f" Every row ran on code {codes[0]}" + (f" ({notes[codes[0]]})" if notes else "") + "."
+    return " The rows ran on different code: " + "; ".join(
+        f"{code} ({', '.join(row['config'] for row, c in zip(rows, codes) if c == code)}"
+        + (f": {notes[code]}" if code in notes else "") + ")" for code in dict.fromkeys(codes)) + "."
+
+
 def zoo_section(report: dict) -> list:
     from benchmarks.zoo import table
     info = report.get("machine", {})
     stamps = sorted(row["timestamp"] for row in report["rows"] if row.get("timestamp"))
     one_thread_only = "; rows before 2026-12-03 22:30 UTC timed 1 thread only" if stamps and \
         stamps[0] < "2026-12-03T22:30" else ""
-    span = f" The rows were written between {stamps[0][:16].replace('T', ' ')} and {stamps[-1][:16].replace('T', ' ')} " \
-           f"UTC." if stamps else ""
+    span = f" The rows ran between {zoo_rows_span(report['rows'])} UTC.{zoo_rows_code(report['rows'])}" if stamps else ""
     return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
             f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
             f"deterministic evaluation at the end (5 seeds x 10 episodes of its mode policy), median and IQM over "

@@ -268,7 +268,7 @@ def table(rows: list) -> str:
     lines = []
     for r in rows:
         vs_zoo = "-" if r.get("zoo") is None or r["eval_median"] is None else \
-            ("at or above" if r["eval_median"] >= r["zoo"] else f"{r['eval_median'] - r['zoo']:+,.0f}")
+            ("at or above" if r["eval_median"] >= r["zoo"] else fmt(r["eval_median"] - r["zoo"]))
         n = r.get("sb3_threads", 1)
         sb3 = f"{fmt(r['sb3_single_run_s'])} ({n} thread{'s' * (n > 1)})" if r.get("sb3_single_run_s") else \
             f"- ({r.get('sb3_skipped', '')})"

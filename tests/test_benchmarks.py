@@ -156,7 +156,17 @@ def test_results_name_the_code_they_ran(monkeypatch):
     if head.returncode != 0:
         pytest.skip("not a git checkout")
     code = common.machine_info()["code"]
-    assert code.split("+")[0] == head.stdout.strip() and code.removeprefix(head.stdout.strip()) in ("", "+changes")
+    changed = subprocess.run(["git", "-C", str(Path(common.__file__).parent.parent), "diff", "HEAD", "--name-only"],
+                             capture_output=True, text=True).stdout.split()
+    suffix = code.removeprefix(head.stdout.strip())
+    assert code.split("+")[0] == head.stdout.strip()
+    assert (suffix.startswith("+changes(") and any(path in suffix for path in changed)) if changed else suffix == ""
+
+    def fake_git(args, **kwargs):  # seven tracked files changed, one of them renamed
+        status = " M fastrl/a.py\nM  b.py\nR  old.py -> c.py\n M d.py\n M e.py\n M f.py\n M g.py\n"
+        return subprocess.CompletedProcess(args, 0, stdout="abc1234\n" if "rev-parse" in args else status)
+    monkeypatch.setattr(common.subprocess, "run", fake_git)
+    assert common.code_version() == "abc1234+changes(fastrl/a.py, b.py, c.py, d.py, e.py, 2 more)"
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
@@ -557,6 +567,25 @@ def test_zoo_waits_for_a_quiet_machine_before_a_row_and_gives_up_at_the_limit(mo
     assert zoo.wait_for_quiet(1.2, max_wait_s=30, poll_s=5) == [3.0, 3.0, 3.0] and len(slept) == 2  # gave up at 30 s
     slept.clear()
     assert zoo.wait_for_quiet(0, max_wait_s=30) == [3.0, 3.0, 3.0] and slept == []  # 0: no wait
+
+
+def test_zoo_section_names_the_rows_span_and_the_code_they_ran():
+    """RESULTS.md's zoo section spans first start to last end, and says whether every row ran the same code."""
+    one_run = [{"config": "ppo/a", "started": "2026-12-05T07:45:40+0000", "timestamp": "2026-12-05T07:46:10+0000",
+                "code": "6d348e0"},
+               {"config": "ppo/b", "started": "2026-12-05T07:46:20+0000", "timestamp": "2026-12-05T08:40:00+0000",
+                "code": "6d348e0"}]
+    assert report.zoo_rows_span(one_run) == "2026-12-05 07:45 and 2026-12-05 08:40"
+    assert report.zoo_rows_code(one_run) == " Every row ran on code 6d348e0."
+    mixed = one_run + [{"config": "ppo/c", "timestamp": "2026-12-03T10:00:00+0000"}]  # older: no start, no code
+    assert report.zoo_rows_span(mixed) == "2026-12-03 10:00 and 2026-12-05 08:40"
+    assert report.zoo_rows_code(mixed) == \
+        " The rows ran on different code: 6d348e0 (ppo/a, ppo/b); unrecorded (ppo/c)."
+    mixed[1] |= {"code": "6d348e0+changes", "code_note": "edits beside the trainer"}
+    assert report.zoo_rows_code(mixed) == " The rows ran on different code: 6d348e0 (ppo/a); 6d348e0+changes " \
+        "(ppo/b: edits beside the trainer); unrecorded (ppo/c)."
+    section = "\n".join(report.zoo_section({"machine": {"cpu_model": "x"}, "rows": []}))
+    assert "ran between" not in section  # no rows: no span
 
 
 def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():
