@@ -211,7 +211,8 @@ def sb3_model(cfg, n_iterations: int):
     common = dict(learning_rate=lr_schedule(cfg, n_iterations), n_steps=cfg.n_steps, gamma=cfg.gamma,
                   gae_lambda=cfg.gae_lambda, ent_coef=cfg.ent_coef, vf_coef=cfg.vf_coef / 2,
                   max_grad_norm=cfg.max_grad_norm or 1e10, normalize_advantage=cfg.norm_adv,
-                  policy_kwargs=policy_kwargs, device="cpu", verbose=0, seed=cfg.seed)
+                  policy_kwargs=policy_kwargs, use_sde=cfg.use_sde, sde_sample_freq=cfg.sde_sample_freq, device="cpu",
+                  verbose=0, seed=cfg.seed)
     env = sb3_env(cfg)
     if cfg.algo == "a2c":
         return A2C("MlpPolicy", env, use_rms_prop=optimizer == "rmsprop", rms_prop_eps=cfg.rmsprop_eps, **common)

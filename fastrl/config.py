@@ -156,6 +156,12 @@ class Config:
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
+    use_sde: bool = _f(False, "generalized state-dependent exploration (gSDE, SB3's use_sde; ppo and a2c, continuous "
+                              "actions, MLP policy): the exploration noise is a linear function of the policy's last "
+                              "hidden layer, with weights drawn per env and held for sde_sample_freq steps; log_std "
+                              "becomes [last hidden width, action dims], initialized to init_log_std")
+    sde_sample_freq: int = _f(-1, "gSDE: draw new exploration weights every this many rollout steps (-1: only at the "
+                                  "start of each rollout)")
     ortho_init: bool = _f(True, "orthogonal initial weights (gain sqrt 2, policy head 0.01, value head 1: CleanRL's and "
                                 "SB3's default); false: PyTorch's default init, as SB3's ortho_init=False")
     encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
@@ -321,6 +327,12 @@ class Config:
             raise UserError(f"time_feature does not apply with {name} (its envs keep no step count for it): use "
                             f"{'--env-mode sync' if self.env_mode == 'async' else '--env-backend auto'}, or drop "
                             "time_feature")
+        if self.sde_sample_freq == 0 or self.sde_sample_freq < -1:
+            raise UserError(f"sde_sample_freq must be -1 (once per rollout) or >= 1, got {self.sde_sample_freq}")
+        if self.use_sde and (self.algo not in ("ppo", "a2c") or self.env_mode == "async"):
+            where = f"algo {self.algo}" if self.algo not in ("ppo", "a2c") else "env_mode=async"
+            raise UserError(f"use_sde (gSDE) runs with ppo or a2c and env_mode sync, not with {where}: drop use_sde, or "
+                            f"use {'--algo ppo' if self.algo not in ('ppo', 'a2c') else '--env-mode sync'}")
         if self.env_mode == "async" and self.env_backend == "torch":
             raise UserError("env_mode=async needs EnvPool, and env_backend torch steps its envs as tensors: use "
                             "--env-mode sync, or --env-backend auto")
@@ -465,7 +477,7 @@ def _coerce(name: str, value):
 VARY_KEYS = ("lr", "lr_floor", "anneal_lr", "clip_coef", "anneal_clip", "ent_coef", "vf_coef", "max_grad_norm",
              "gamma", "gae_lambda", "target_kl", "init_log_std", "ortho_init")
 SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
-              "activation", "shared_trunk", "env",
+              "activation", "shared_trunk", "use_sde", "env",
               "algo", "n_epochs", "optimizer")
 
 

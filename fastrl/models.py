@@ -21,6 +21,7 @@ from fastrl.envs import ActionSpec, is_procgen
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+GSDE_EPSILON = 1e-6  # added to gSDE's variance before its square root (SB3's StateDependentNoiseDistribution's)
 
 
 def orthogonal_init(layer: nn.Module, gain: float = math.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -81,12 +82,32 @@ def gaussian_logp_entropy(mean: torch.Tensor, log_std: torch.Tensor, action: tor
     return logp, entropy
 
 
+def gsde_distribution(latent: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor | None = None):
+    """Generalized state-dependent exploration (gSDE, Raffin et al. 2021; SB3's ``use_sde`` with ``full_std``): the
+    action is ``mean + latent @ (std * eps)``, ``eps`` N(0, 1) weights ``[L, A]`` per env, held for several steps, so
+    the noise is a smooth function of the state. Given the latent, each action dim is Gaussian with variance
+    ``latent^2 @ std^2``.
+
+    ``latent [..., B, L]`` (the policy trunk's last hidden layer; detached here: the noise does not train the trunk),
+    ``log_std [..., L, A]`` (a member axis in front, or none), ``noise [..., B, L * A]`` (the ``eps``, optional) ->
+    ``(row_log_std [..., B, A], exploration [..., B, A] or None)``: each row's log-std and the term added to the mean."""
+    latent = latent.detach().float()
+    std = log_std.exp()
+    row_log_std = 0.5 * torch.log(torch.matmul(latent.square(), std.square()) + GSDE_EPSILON)
+    exploration = None
+    if noise is not None:
+        eps = noise.reshape(*latent.shape, std.shape[-1])
+        exploration = (latent.unsqueeze(-1) * std.unsqueeze(-3) * eps).sum(-2)
+    return row_log_std, exploration
+
+
 def action_logp_entropy(out: torch.Tensor, spec: ActionSpec, log_std, action: torch.Tensor | None,
-                        noise: torch.Tensor | None):
+                        noise: torch.Tensor | None, exploration: torch.Tensor | None = None):
     """The policy head's output ``out [B, A]`` as a distribution: sample ``action`` when None (``noise``: U(0, 1)
     ``[B, n]`` for discrete, N(0, 1) ``[B, A]`` for continuous; default from the global generator), and return
     ``(action, logp [B], entropy [B])``. MultiDiscrete (``spec.nvec``): one categorical per component over its slice
-    of the logits, log-probabilities and entropies summed."""
+    of the logits, log-probabilities and entropies summed. gSDE (``gsde_distribution``): ``log_std`` is per row
+    ``[B, A]`` and a sampled action is ``out + exploration``."""
     if spec.kind == "discrete" and spec.nvec:
         slices = torch.split(out, list(spec.nvec), dim=-1)
         uniform = torch.split(noise, list(spec.nvec), dim=-1) if noise is not None else [None] * len(slices)
@@ -100,7 +121,9 @@ def action_logp_entropy(out: torch.Tensor, spec: ActionSpec, log_std, action: to
             action = categorical_sample(out, noise)
         logp, entropy = categorical_logp_entropy(out, action)
         return action, logp, entropy
-    if action is None:
+    if action is None and exploration is not None:
+        action = out.float() + exploration
+    elif action is None:
         draws = torch.randn_like(out, dtype=torch.float32) if noise is None else noise
         action = out.float() + draws * log_std.exp()
     action = action.view(out.shape)
@@ -123,10 +146,15 @@ def _head_width(spec: ActionSpec) -> int:
 
 class ActorCritic(nn.Module):
     """MLP actor-critic over flat observations, with a shared trunk or separate policy/value trunks (``pi_sizes`` /
-    ``vf_sizes``: their widths, each defaulting to ``hidden_sizes``)."""
+    ``vf_sizes``: their widths, each defaulting to ``hidden_sizes``).
+
+    Continuous actions: a Gaussian with a state-independent ``log_std [A]``, or with ``use_sde`` gSDE
+    (``gsde_distribution``): ``log_std [L, A]`` over the policy trunk's last hidden layer (``L`` units), and the
+    sampling noise ``[B, L * A]`` (``noise_width``) holds each env's exploration weights."""
 
     def __init__(self, obs_shape: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
-                 shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=()):
+                 shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=(),
+                 use_sde: bool = False):
         super().__init__()
         in_dim = math.prod(obs_shape)
         self.action_spec = action_spec
@@ -138,8 +166,18 @@ class ActorCritic(nn.Module):
         self.critic_trunk = self.actor_trunk if shared_trunk else mlp(in_dim, vf_sizes, activation)
         self.policy_head = orthogonal_init(nn.Linear(pi_sizes[-1], out_dim), gain=0.01)
         self.value_head = orthogonal_init(nn.Linear((pi_sizes if shared_trunk else vf_sizes)[-1], 1), gain=1.0)
+        self.use_sde = bool(use_sde)
+        if self.use_sde and self.discrete:
+            from fastrl.config import UserError
+            raise UserError("use_sde (gSDE) is for continuous actions, and this env's are discrete: drop use_sde")
         if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
+            shape = (pi_sizes[-1], out_dim) if self.use_sde else (out_dim,)
+            self.log_std = nn.Parameter(torch.full(shape, float(init_log_std)))
+
+    @property
+    def noise_width(self) -> int:
+        """Columns of the sampling noise ``get_action_and_value`` takes: ``L * A`` under gSDE, else the head's."""
+        return self.log_std.numel() if self.use_sde else _head_width(self.action_spec)
 
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = obs.flatten(1).float()
@@ -153,11 +191,17 @@ class ActorCritic(nn.Module):
 
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
                              noise: torch.Tensor | None = None):
-        """``noise [B, A]`` (optional, when sampling): U(0, 1) draws for discrete actions, N(0, 1) for continuous
-        ones; default: drawn from torch's global generator, as ``rand_like`` / ``randn_like`` would."""
+        """``noise [B, noise_width]`` (optional, when sampling): U(0, 1) draws for discrete actions, N(0, 1) for
+        continuous ones (gSDE: the exploration weights); default: drawn from torch's global generator."""
         actor, critic = self._features(obs)
         out = run_mlp(self.policy_head, actor)
         value = run_mlp(self.value_head, critic).squeeze(-1).float()
+        if self.use_sde:
+            if action is None and noise is None:
+                noise = torch.randn(actor.shape[0], self.noise_width, device=actor.device)
+            log_std, exploration = gsde_distribution(actor, self.log_std, None if action is not None else noise)
+            action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, None, exploration)
+            return action, logp, entropy, value
         action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
                                                     noise)
         return action, logp, entropy, value
@@ -374,6 +418,10 @@ def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float 
     """The actor-critic ``cfg.policy`` names (a custom class), else the one ``cfg.encoder`` asks for (a Dict env's:
     ``DictActorCritic``). ``obs_scale`` None: 1/255 for image observations."""
     if getattr(cfg, "policy", ""):
+        if getattr(cfg, "use_sde", False):
+            from fastrl.config import UserError
+            raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
+                            "use_sde, or give your class its own exploration")
         return custom_policy(cfg, obs_shape, action_spec)
     agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last)
     if not getattr(cfg, "ortho_init", True):
@@ -394,11 +442,17 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
                  channels_last: bool) -> nn.Module:
     from fastrl.envs import observation_layout
     layout = observation_layout(cfg, tuple(obs_shape)) if hasattr(cfg, "env_backend") else None
+    encoder = "dict" if layout is not None else resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape),
+                                                                  getattr(cfg, "env", ""))
+    use_sde = getattr(cfg, "use_sde", False)
+    if use_sde and encoder != "mlp":
+        from fastrl.config import UserError
+        raise UserError(f"use_sde (gSDE) needs the MLP policy over flat observations, and this env's observations use "
+                        f"the {encoder} encoder: drop use_sde")
     if layout is not None:
         return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
-    encoder = resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape), getattr(cfg, "env", ""))
     if encoder == "mlp":
         return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std,
-                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()))
+                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde)
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
                             cfg.init_log_std, channels_last)

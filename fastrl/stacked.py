@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fastrl.models import ActorCritic, action_logp_entropy
+from fastrl.models import ActorCritic, action_logp_entropy, gsde_distribution
 
 
 class AgentMethod(nn.Module):
@@ -141,14 +141,23 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
     out = _members_linear(layout, views, agent.policy_head, actor)
     k, b = out.shape[:2]
     # The action distribution row by row, as the module's (members and rows flattened together; a member's log_std
-    # repeated over its rows).
-    log_std = None
-    if not agent.discrete:
+    # repeated over its rows; gSDE's per-row log-std and exploration from each member's [L, A] log-std).
+    log_std, exploration = None, None
+    if agent.use_sde:
+        if action is None and noise is None:
+            noise = torch.randn(k, b, agent.noise_width, device=out.device)
+        member_log_std = views[layout.index_of[id(agent.log_std)]]
+        log_std, exploration = gsde_distribution(
+            actor, member_log_std, None if action is not None else noise.reshape(k, b, -1))
+        log_std = log_std.reshape(k * b, -1)
+        exploration = None if exploration is None else exploration.reshape(k * b, -1)
+        noise = None
+    elif not agent.discrete:
         log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1).expand(k, b, -1).reshape(k * b, -1)
     action, logp, entropy = action_logp_entropy(
         out.reshape(k * b, -1), agent.action_spec, log_std,
         None if action is None else action.reshape(k * b, *action.shape[2:]),
-        None if noise is None else noise.reshape(k * b, -1))
+        None if noise is None else noise.reshape(k * b, -1), exploration)
     return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
 
 

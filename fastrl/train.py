@@ -37,9 +37,9 @@ ACTOR_LEARNER_ALGOS = ("impala", "appo")
 
 # What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
 # optimizer's state) and the batch shape that the budget's iteration count is measured in.
-RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", "shared_trunk", "encoder",
-                "normalize_obs", "normalize_reward", "frame_skip", "frame_stack", "optimizer", "n_envs", "n_steps",
-                "per_rank")
+RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", "shared_trunk", "use_sde",
+                "encoder", "normalize_obs", "normalize_reward", "frame_skip", "frame_stack", "optimizer", "n_envs",
+                "n_steps", "per_rank")
 
 
 def __getattr__(name: str):

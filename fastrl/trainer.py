@@ -173,7 +173,11 @@ class Trainer:
         self.action_generators = [member_generator(m.seed, "action", rank) for m in self.members]
         self.minibatch_generators = [member_generator(m.seed, "minibatch", rank, self.device) for m in self.members]
         width, self._draw = sampling_noise(self.env.action_spec)
+        self.use_sde = bool(getattr(self.agent, "use_sde", False))
+        if self.use_sde:  # gSDE: each env's exploration weights [L * A], held for sde_sample_freq steps
+            width = self.agent.noise_width
         self.noise = torch.zeros(k * n, width)
+        self._steps_since_rollout_start = 0
         self.policy = MemberPolicy(self.agent, self.layout, self.params, self.autocast)
         self.iteration = 0
         self.global_step = 0
@@ -241,8 +245,14 @@ class Trainer:
 
     def draw_noise(self, rows: int | None = None) -> torch.Tensor:
         """Sampling noise for ``rows`` rows of each member (default ``n_envs``): ``[K * rows, width]``, member m's rows
-        from member m's generator (at K = 1: one draw)."""
+        from member m's generator (at K = 1: one draw). gSDE (``use_sde``): the rollout's exploration weights, drawn
+        afresh on its first step and then every ``sde_sample_freq`` steps (-1: never), the same tensor otherwise."""
         rows = self.n_envs if rows is None else rows
+        if self.use_sde:
+            age, freq = self._steps_since_rollout_start, self.cfg.sde_sample_freq
+            self._steps_since_rollout_start += 1
+            if age > 0 and not (freq > 0 and age % freq == 0):
+                return self.noise
         noise = self.noise[:rows * self.n_members] if rows != self.n_envs else self.noise
         for m, generator in enumerate(self.action_generators):
             self._draw(rows, noise.shape[1], generator=generator, out=noise[m * rows:(m + 1) * rows])
@@ -260,6 +270,7 @@ class Trainer:
         return True
 
     def _collect(self) -> None:
+        self._steps_since_rollout_start = 0  # gSDE draws new exploration weights on each rollout's first step
         if self.async_collector is not None:
             return self.async_collector.collect()
         rollout_step, env, n_steps, v = self.rollout_step, self.env, self.cfg.n_steps, self._views

@@ -126,6 +126,28 @@ def test_fused_torch_env_members_equal_their_single_runs(aot_eager):
     _assert_members_equal_single_runs(pop, compile_mode="default", atol=1e-5)
 
 
+GSDE_PENDULUM = {**SMALL, "env": "Pendulum-v1", "use_sde": True, "sde_sample_freq": 4}
+
+
+def test_gsde_members_equal_their_single_runs():
+    """gSDE: each member's exploration weights from its own generator, held as its single run holds them."""
+    pop = _one_iteration(make_config({**GSDE_PENDULUM, "compile": "off", "seed": 2, "n_seeds": 2}))
+    assert pop.use_sde and pop.noise.shape == (2 * 4, 64)
+    _assert_members_equal_single_runs(pop, atol=1e-5, rollout_atol=1e-5)
+
+
+def test_compiled_gsde_rollout_equals_the_eager_one(aot_eager):
+    """The compiled rollout step (forward, gSDE sampling and writes in one graph) takes the eager rollout's actions."""
+    cfg = make_config({**GSDE_PENDULUM, "seed": 3})
+    compiled = _one_iteration(dataclasses.replace(cfg, compile="default"))
+    assert compiled.rollout_step is not None and compiled.rollout_step.compiled
+    eager = _one_iteration(dataclasses.replace(cfg, compile="off"))
+    for key in (*ROLLOUT_KEYS, "sample_log_prob", "state_value"):
+        torch.testing.assert_close(compiled.buffer[key], eager.buffer[key], atol=1e-5, rtol=1e-5,
+                                   msg=lambda text: f"{key}: {text}")
+    torch.testing.assert_close(compiled.params, eager.params, atol=1e-5, rtol=1e-5)
+
+
 def test_async_members_equal_their_single_runs():
     pop = _one_iteration(make_config({**SMALL, "env": "CartPole-v1", "env_mode": "async", "compile": "off",
                                       "seed": 6, "n_seeds": 2}))
