@@ -283,13 +283,29 @@ def zoo_rows_code(rows: list) -> str:
         + (f": {notes[code]}" if code in notes else "") + ")" for code in dict.fromkeys(codes)) + "."
 
 
+def zoo_rows_cache(rows: list) -> str:
+    """What the inductor cache held when the first row started (rows from before 2026-12-05 10:00 UTC recorded
+    nothing): one sentence, or empty."""
+    first = min((row for row in rows if row.get("timestamp")), key=lambda row: row.get("started") or row["timestamp"],
+                default=None)
+    if first is None or first.get("compile_cache_files_at_start") is None:
+        return ""
+    count = first["compile_cache_files_at_start"]
+    if count == 0:
+        return (" The compile cache was empty when the first row started: every graph was compiled in this run, and "
+                "a later row reuses only the kernels that earlier rows built (the process times are first runs, not "
+                "the faster repeat runs).")
+    return f" The compile cache held {count:,} files when the first row started (earlier runs' graphs)."
+
+
 def zoo_section(report: dict) -> list:
     from benchmarks.zoo import table
     info = report.get("machine", {})
     stamps = sorted(row["timestamp"] for row in report["rows"] if row.get("timestamp"))
     one_thread_only = "; rows before 2026-12-03 22:30 UTC timed 1 thread only" if stamps and \
         stamps[0] < "2026-12-03T22:30" else ""
-    span = f" The rows ran between {zoo_rows_span(report['rows'])} UTC.{zoo_rows_code(report['rows'])}" if stamps else ""
+    span = (f" The rows ran between {zoo_rows_span(report['rows'])} UTC.{zoo_rows_code(report['rows'])}"
+            f"{zoo_rows_cache(report['rows'])}") if stamps else ""
     return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
             f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
             f"deterministic evaluation at the end (5 seeds x 10 episodes of its mode policy), median and IQM over "

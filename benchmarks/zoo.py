@@ -193,6 +193,14 @@ def sb3_thread_counts() -> list[int]:
     return sorted({1, min(os.cpu_count() or 1, 8)})
 
 
+def compile_cache_files() -> int:
+    """Files in fastrl's inductor cache (``fastrl.compile.compile_cache_dir``, which the training process inherits) when
+    a row starts: 0 means every graph the row compiles is built from nothing (a cold start)."""
+    from fastrl.compile import compile_cache_dir
+    root = compile_cache_dir()
+    return sum(len(files) for _, _, files in os.walk(root)) if root.is_dir() else 0
+
+
 def median(values: list):
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
@@ -212,6 +220,7 @@ def wait_for_quiet(below: float, max_wait_s: float, poll_s: float = 5.0) -> list
 def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> dict:
     from fastrl.population import interquartile_mean
     load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    cache_files = compile_cache_files()
     with tempfile.TemporaryDirectory(prefix="fastrl-zoo-") as tmp:
         run = train_fastrl(row, seeds, steps, Path(tmp))
     sb3 = time_sb3(row, steps)
@@ -219,6 +228,7 @@ def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> di
     result = {**asdict(row), "budget": steps, "seeds": seeds, "quick": quick, **run, **sb3,
               "eval_median": median(evals), "eval_iqm": interquartile_mean(evals) if evals else None,
               "last100_median": median(run["last100_returns"]), "load_average_at_start": load,
+              "compile_cache_files_at_start": cache_files,
               "started": started, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code_version()}
     if sb3.get("sb3_single_run_s"):
         result["faster_than_sb3_single_run"] = run["process_s"] < sb3["sb3_single_run_s"]

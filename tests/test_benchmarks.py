@@ -588,6 +588,29 @@ def test_zoo_section_names_the_rows_span_and_the_code_they_ran():
     assert "ran between" not in section  # no rows: no span
 
 
+def test_zoo_rows_record_and_report_the_compile_cache_they_started_from(tmp_path, monkeypatch):
+    """A row records how many files fastrl's inductor cache held at its start; RESULTS.md says whether the first row
+    started cold (an empty cache) or warm, and nothing for rows that recorded nothing."""
+    from benchmarks import zoo
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    assert zoo.compile_cache_files() == 0  # no cache directory yet
+    (tmp_path / "cache" / "fxgraph" / "ab").mkdir(parents=True)
+    for name in ("one", "two"):
+        (tmp_path / "cache" / "fxgraph" / "ab" / name).write_text("x")
+    (tmp_path / "cache" / "top").write_text("x")
+    assert zoo.compile_cache_files() == 3
+    rows = [{"config": "ppo/b", "started": "2026-12-05T11:00:00+0000", "timestamp": "2026-12-05T11:05:00+0000",
+             "compile_cache_files_at_start": 40},
+            {"config": "ppo/a", "started": "2026-12-05T10:30:00+0000", "timestamp": "2026-12-05T10:31:00+0000",
+             "compile_cache_files_at_start": 0}]
+    assert "was empty when the first row started" in report.zoo_rows_cache(rows)  # ppo/a started first
+    rows[1]["compile_cache_files_at_start"] = 1234
+    assert report.zoo_rows_cache(rows) == " The compile cache held 1,234 files when the first row started (earlier " \
+        "runs' graphs)."
+    del rows[1]["compile_cache_files_at_start"]
+    assert report.zoo_rows_cache(rows) == ""
+
+
 def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():
     """Every row's ``zoo_settings`` is a valid set of config keys; Hopper and Walker2d (CleanRL's settings in their
     configs) time SB3 on the zoo's whole run: 1 env x 512 steps, minibatches of 32, 256x256 ReLU, no orthogonal init."""
