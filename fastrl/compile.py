@@ -21,10 +21,12 @@ import torch
 # inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
 # whatever it holds: a warm cache then only makes the compile cheaper.
 CPU_COMPILE_MIN_GRADIENT_STEPS = 20_000
-# The same for a population (K > 1 members in one process): its eager step costs more (2.9 ms for 3 members at
-# minibatch 64, 3.9 ms at 256) and its compile, one step per call at these lengths, less (about 12 s): break-even
-# near 5,000 steps. 3 Pendulum members, 15.4k steps (2026-12-04, cold cache): 56 s process eager, 46 s compiled.
-CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 6_000
+# The same for a population (K > 1 members in one process): its eager step costs more and its compile less. Measured
+# for 3 members (2-core Intel Xeon, 2026-12-05, cold cache): CartPole at the zoo's settings (minibatch 256) steps in
+# 2.8 ms eager and 1.0 ms compiled and compiles in about 21 s, break-even near 12k steps (7.8k-step process: 30.5 s
+# eager, 44 s compiled); Pendulum with gSDE (minibatch 64) compiles in about 14 s and saves about 1.8 ms a step,
+# break-even near 8k (15.4k-step process: 56 s eager, 42 s compiled). Between those: 10k.
+CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 10_000
 # From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
 # saves 60-90 us per step (about 150 us with the env fused in, env_backend torch) and compiles in about 10 s cold.
 CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000

@@ -209,8 +209,8 @@ def progress_returns(recent: dict, rows: list) -> dict:
     the members run different ``--vary`` variants, each variant's mean over its seeds (the best and the worst
     variant when there are more than three), never one mean across variants."""
     by_variant: dict = {}
-    for row in rows:
-        by_variant.setdefault(row.get("variant", ""), []).append(row.get("episode_return_mean"))
+    for row in rows:  # member rows, under the logged names (episode_metrics)
+        by_variant.setdefault(row.get("variant", ""), []).append(row.get(EPISODE_METRICS["episode_return_mean"]))
     if len(by_variant) <= 1:
         return {"return": recent.get("episode_return_mean", float("nan"))}
     means = {name: (sum(v) / len(v) if v and None not in v else float("nan")) for name, v in by_variant.items()}

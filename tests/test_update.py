@@ -256,8 +256,8 @@ def test_steps_per_call_weighs_the_compile_against_the_calls():
     # 6 is the target at 1M steps; 32 minibatches allow 4 of them per call, 6 minibatches all 6
     assert compile_plan("default", cpu, 10**6, n_epochs=10, n_minibatches=6).steps_per_call == 6
     assert compile_plan("auto", cpu, 15_360).update == "off"  # one agent: eager below 20k steps
-    assert compile_plan("auto", cpu, 7_800, members=3).update == "default"  # a population compiles from 6k
-    assert compile_plan("auto", cpu, 5_000, members=3).update == "off"
+    assert compile_plan("auto", cpu, 11_680, members=3).update == "default"  # a population compiles from 10k
+    assert compile_plan("auto", cpu, 7_800, members=3).update == "off"
 
 
 def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):

@@ -169,14 +169,30 @@ def test_one_variant_keeps_the_population_figures(tmp_path):
 
 def test_the_progress_line_shows_each_variant_never_their_mean():
     from fastrl.loop import progress_returns
-    rows = [{"variant": "lr=0.001", "episode_return_mean": 100.0}, {"variant": "lr=0.001", "episode_return_mean": 200.0},
-            {"variant": "lr=0.0005", "episode_return_mean": 20.0}, {"variant": "lr=0.0005", "episode_return_mean": 40.0}]
+    ret = "charts/episodic_return"  # the member rows' name for it (Trainer.member_rows)
+    rows = [{"variant": "lr=0.001", ret: 100.0}, {"variant": "lr=0.001", ret: 200.0},
+            {"variant": "lr=0.0005", ret: 20.0}, {"variant": "lr=0.0005", ret: 40.0}]
     recent = {"episode_return_mean": 90.0}  # the members' mean, across variants
     assert progress_returns(recent, rows) == {"return[lr=0.001]": 150.0, "return[lr=0.0005]": 30.0}
     assert progress_returns(recent, rows[:2]) == {"return": 90.0}  # seeds of one variant: the population's mean
     assert progress_returns(recent, []) == {"return": 90.0}  # a single run
-    many = [{"variant": f"lr={k}", "episode_return_mean": float(k)} for k in (3, 1, 4, 2)]
+    many = [{"variant": f"lr={k}", ret: float(k)} for k in (3, 1, 4, 2)]
     assert progress_returns(recent, many) == {"best[lr=4]": 4.0, "worst[lr=1]": 1.0, "variants": 4}
-    waiting = rows[:2] + [{"variant": "lr=0.0005"}, {"variant": "lr=0.0005", "episode_return_mean": 40.0}]
+    waiting = rows[:2] + [{"variant": "lr=0.0005"}, {"variant": "lr=0.0005", ret: 40.0}]
     shown = progress_returns(recent, waiting)  # a variant with a member before its first episode: no figure yet
     assert shown["return[lr=0.001]"] == 150.0 and shown["return[lr=0.0005]"] != shown["return[lr=0.0005]"]
+
+
+def test_a_varied_runs_progress_line_shows_each_variants_return(tmp_path, capfd):
+    """End to end: the member rows the run loop hands to the progress line carry the returns (a NaN per variant
+    here once meant the line read another name than the rows hold)."""
+    loud = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false"]
+    assert train_main(["--vary", "lr=1e-3,5e-4", "--eval-episodes", "0", "--run-dir", str(tmp_path / "run"),
+                       *TINY, *loud]) == 0
+    lines = [line for line in capfd.readouterr().err.splitlines()
+             if line.startswith("fastrl: step ") and "(100.0%)" in line]
+    assert lines, "no final progress line"
+    shown = dict(zip(lines[-1].split()[::2], lines[-1].split()[1::2]))
+    returns = {key: float(value) for key, value in shown.items() if key.startswith("return[")}
+    assert set(returns) == {"return[lr=0.001]", "return[lr=0.0005]"}, lines[-1]
+    assert all(value > 0 for value in returns.values()), lines[-1]  # CartPole pays 1 a step: any episode is > 0
