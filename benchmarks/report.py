@@ -291,6 +291,14 @@ def zoo_rows_cache(rows: list) -> str:
     if first is None or first.get("compile_cache_files_at_start") is None:
         return ""
     count = first["compile_cache_files_at_start"]
+    if any(row.get("compile_cache_files_at_start") is not None and not row.get("compile_cache_dir") for row in rows):
+        # Recorded before benchmarks.zoo pinned the cache (pin_compile_cache): only the first row used the one counted.
+        start = "was empty" if count == 0 else f"held {count:,} files"
+        return (f" fastrl's compile cache {start} when the first row started; the later rows' training processes "
+                "inherited torch's own cache directory instead (`TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user>`, "
+                "which torch sets in the zoo process once SB3's timing steps an optimizer) and found there whatever "
+                "graphs earlier runs had left: their process times may be warm starts. Since 2026-12-05 14:00 UTC "
+                "benchmarks.zoo pins fastrl's cache for every row.")
     if count == 0:
         return (" The compile cache was empty when the first row started: every graph was compiled in this run, and "
                 "a later row reuses only the kernels that earlier rows built (the process times are first runs, not "
@@ -306,6 +314,7 @@ def zoo_section(report: dict) -> list:
         stamps[0] < "2026-12-03T22:30" else ""
     span = (f" The rows ran between {zoo_rows_span(report['rows'])} UTC.{zoo_rows_code(report['rows'])}"
             f"{zoo_rows_cache(report['rows'])}") if stamps else ""
+    note = f" {report['note']}" if report.get("note") else ""  # what was learned about a run after it ran
     return [f"Every CPU config of configs/ as a population of seeds (one process; IMPALA: one process per seed) at the "
             f"RL Zoo's step budget, `python -m benchmarks.zoo --out-dir benchmarks/results`. Score: each seed's "
             f"deterministic evaluation at the end (5 seeds x 10 episodes of its mode policy), median and IQM over "
@@ -315,7 +324,7 @@ def zoo_section(report: dict) -> list:
             f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings, the "
             f"zoo's whole run), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
             f"count in brackets{one_thread_only}). Each row names its date and the load average at its start; "
-            f"machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span} Curves (median, "
+            f"machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span}{note} Curves (median, "
             f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]
 
 

@@ -201,6 +201,20 @@ def compile_cache_files() -> int:
     return sum(len(files) for _, _, files in os.walk(root)) if root.is_dir() else 0
 
 
+def pin_compile_cache() -> Path:
+    """Fix ``TORCHINDUCTOR_CACHE_DIR`` for this process and the training processes it starts to fastrl's cache
+    (``fastrl.compile.compile_cache_dir`` as the environment gives it now); returns it.
+
+    torch sets ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ`` to its own default (``/tmp/torchinductor_<user>``) the
+    first time a ``torch.optim`` optimizer steps, as SB3's timing does after the first row. Unpinned, every later row's
+    training process inherited that directory: it compiled into and loaded from torch's default, not the cache this
+    script counts (and a reader empties for a cold run)."""
+    from fastrl.compile import compile_cache_dir
+    root = compile_cache_dir()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root)
+    return root
+
+
 def median(values: list):
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
@@ -228,7 +242,7 @@ def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> di
     result = {**asdict(row), "budget": steps, "seeds": seeds, "quick": quick, **run, **sb3,
               "eval_median": median(evals), "eval_iqm": interquartile_mean(evals) if evals else None,
               "last100_median": median(run["last100_returns"]), "load_average_at_start": load,
-              "compile_cache_files_at_start": cache_files,
+              "compile_cache_files_at_start": cache_files, "compile_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
               "started": started, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code_version()}
     if sb3.get("sb3_single_run_s"):
         result["faster_than_sb3_single_run"] = run["process_s"] < sb3["sb3_single_run_s"]
@@ -326,6 +340,7 @@ def main(argv=None) -> int:
     out = Path(args.out_dir).resolve() / machine_tag("cpu")
     if out.resolve() == (RESULTS_DIR / machine_tag("cpu")).resolve() and args.quick:
         parser.error("--quick results never go to the committed benchmarks/results: pass another --out-dir")
+    pin_compile_cache()
     for name in args.configs:
         row = known[name]
         if (out / "zoo" / f"{name.replace('/', '_')}.json").is_file() and not args.redo:

@@ -586,6 +586,8 @@ def test_zoo_section_names_the_rows_span_and_the_code_they_ran():
         "(ppo/b: edits beside the trainer); unrecorded (ppo/c)."
     section = "\n".join(report.zoo_section({"machine": {"cpu_model": "x"}, "rows": []}))
     assert "ran between" not in section  # no rows: no span
+    noted = "\n".join(report.zoo_section({"machine": {"cpu_model": "x"}, "rows": [], "note": "Found after the run: x."}))
+    assert "cores. Found after the run: x. Curves" in noted  # a run's note, learned after it, goes into RESULTS.md
 
 
 def test_zoo_rows_record_and_report_the_compile_cache_they_started_from(tmp_path, monkeypatch):
@@ -599,16 +601,47 @@ def test_zoo_rows_record_and_report_the_compile_cache_they_started_from(tmp_path
         (tmp_path / "cache" / "fxgraph" / "ab" / name).write_text("x")
     (tmp_path / "cache" / "top").write_text("x")
     assert zoo.compile_cache_files() == 3
+    pinned = str(tmp_path / "cache")
     rows = [{"config": "ppo/b", "started": "2026-12-05T11:00:00+0000", "timestamp": "2026-12-05T11:05:00+0000",
-             "compile_cache_files_at_start": 40},
+             "compile_cache_files_at_start": 40, "compile_cache_dir": pinned},
             {"config": "ppo/a", "started": "2026-12-05T10:30:00+0000", "timestamp": "2026-12-05T10:31:00+0000",
-             "compile_cache_files_at_start": 0}]
-    assert "was empty when the first row started" in report.zoo_rows_cache(rows)  # ppo/a started first
+             "compile_cache_files_at_start": 0, "compile_cache_dir": pinned}]
+    assert "was empty when the first row started: every graph" in report.zoo_rows_cache(rows)  # ppo/a started first
     rows[1]["compile_cache_files_at_start"] = 1234
     assert report.zoo_rows_cache(rows) == " The compile cache held 1,234 files when the first row started (earlier " \
         "runs' graphs)."
+    rows[1]["compile_cache_files_at_start"] = 0
+    for row in rows:  # recorded before the pin: the later rows used torch's own directory, whatever it held
+        del row["compile_cache_dir"]
+    unpinned = report.zoo_rows_cache(rows)
+    assert "was empty when the first row started;" in unpinned and "may be warm starts" in unpinned
+    assert "every graph was compiled in this run" not in unpinned
     del rows[1]["compile_cache_files_at_start"]
     assert report.zoo_rows_cache(rows) == ""
+
+
+def test_the_zoo_pins_fastrls_compile_cache_for_itself_and_its_training_processes(tmp_path, monkeypatch):
+    """torch sets TORCHINDUCTOR_CACHE_DIR to its own default the first time a torch.optim optimizer steps (as SB3's
+    timing does in the zoo's process); pinned first, the zoo's count and every row's training process use fastrl's
+    cache all the same."""
+    import sys
+
+    import torch
+
+    from benchmarks import zoo
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    expected = tmp_path / "xdg" / "fastrl" / "torch_compile"
+    assert zoo.pin_compile_cache() == expected
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(layer.parameters())
+    layer(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # what would have switched the environment to torch's default
+    from fastrl.compile import compile_cache_dir
+    assert compile_cache_dir() == expected
+    child = subprocess.run([sys.executable, "-c", "from fastrl.compile import compile_cache_dir; "
+                            "print(compile_cache_dir())"], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(expected)
 
 
 def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():
