@@ -291,13 +291,18 @@ def end_startup_gc_pause() -> None:
 _STARTUP_INTERRUPT = {"signal": None}
 
 
-def _where_exceptions_are_dropped(frame) -> bool:
-    """Whether an exception raised at ``frame`` would only be printed ("Exception ignored in ...") and dropped by
-    Python: inside a gc callback (a library's, e.g. one JAX registers) or a ``__del__``."""
+def _where_an_interrupt_must_wait(frame) -> bool:
+    """Whether a KeyboardInterrupt raised at ``frame`` would do harm, so the start-up handler defers it:
+    - inside a gc callback (a library's, e.g. one JAX registers) or a ``__del__``, Python only prints it ("Exception
+      ignored in ...") and drops it;
+    - inside an import, the module's body may be running under an extension's C++ initializer that cannot pass an
+      exception on: ``torch.distributed`` calls ``torch._C._c10d_init()``, and an interrupt raised there ends the
+      process in ``std::terminate`` (SIGABRT, a page of C++ and Python frames) instead of exit 130."""
     import gc
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -305,8 +310,8 @@ def _where_exceptions_are_dropped(frame) -> bool:
 
 def _startup_interrupt(signum, frame):
     _STARTUP_INTERRUPT["signal"] = signum
-    if _where_exceptions_are_dropped(frame):
-        # Raised here it would print a traceback and vanish: deliver the signal again once out of there.
+    if _where_an_interrupt_must_wait(frame):
+        # Deliver the signal again in 50 ms, and so on until out of there; then it raises.
         timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
         timer.daemon = True
         timer.start()

@@ -376,6 +376,33 @@ def test_ctrl_c_at_any_moment_exits_130_with_one_line(tmp_path, delay):
     assert len(lines) == 1 and lines[0].startswith("fastrl: interrupted (Ctrl-C)"), err[-3000:]
 
 
+def test_ctrl_c_inside_an_import_waits_for_the_import_to_finish(tmp_path):
+    """SIGINT while a module's body runs: the start-up handler lets the import finish (a C++ initializer under it,
+    torch.distributed's ``_c10d_init``, would abort the process on the exception) and raises once it is out."""
+    (tmp_path / "slow_module.py").write_text(textwrap.dedent("""
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(20):  # the handler runs here, inside the import
+            time.sleep(0.01)
+        finished = True
+    """))
+    script = textwrap.dedent("""
+        import sys, time
+        from fastrl.train import install_startup_interrupt
+        install_startup_interrupt()
+        try:
+            import slow_module
+            print("imported", slow_module.finished)
+            time.sleep(5)
+            print("swallowed")
+        except KeyboardInterrupt:
+            print("interrupted", "slow_module" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.stdout.split("\n")[:2] == ["imported True", "interrupted True"] and done.stderr == "", (
+        done.stdout, done.stderr)
+
+
 def test_ctrl_c_inside_a_gc_callback_is_not_swallowed():
     """The moment the issue found: SIGINT handled inside a library's gc callback, where a raised KeyboardInterrupt is
     printed as "Exception ignored" and dropped. The start-up handler defers it until out of the callback."""
