@@ -296,9 +296,9 @@ def zoo_rows_cache(rows: list) -> str:
         start = "was empty" if count == 0 else f"held {count:,} files"
         return (f" fastrl's compile cache {start} when the first row started; the later rows' training processes "
                 "inherited torch's own cache directory instead (`TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user>`, "
-                "which torch sets in the zoo process once SB3's timing steps an optimizer) and found there whatever "
-                "graphs earlier runs had left: their process times may be warm starts. Since 2026-12-05 14:00 UTC "
-                "benchmarks.zoo pins fastrl's cache for every row.")
+                "which torch writes into the zoo process's environment once it imports torch._dynamo) and found "
+                "there whatever graphs earlier runs had left: their process times may be warm starts. Since "
+                "2026-12-05 14:00 UTC benchmarks.zoo pins fastrl's cache for every row.")
     if count == 0:
         return (" The compile cache was empty when the first row started: every graph was compiled in this run, and "
                 "a later row reuses only the kernels that earlier rows built (the process times are first runs, not "

@@ -206,9 +206,11 @@ def pin_compile_cache() -> Path:
     (``fastrl.compile.compile_cache_dir`` as the environment gives it now); returns it.
 
     torch sets ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ`` to its own default (``/tmp/torchinductor_<user>``) the
-    first time a ``torch.optim`` optimizer steps, as SB3's timing does after the first row. Unpinned, every later row's
-    training process inherited that directory: it compiled into and loaded from torch's default, not the cache this
-    script counts (and a reader empties for a cold run)."""
+    first time it needs the directory (importing ``torch._dynamo`` is enough), which in the zoo's process happened
+    during the first row. Unpinned, every later row's training process inherited that directory: it compiled into and
+    loaded from torch's default, not the cache this script counts (and a reader empties for a cold run). Since
+    ``fastrl.compile.compile_cache_dir`` treats torch's default as unset, the pin is what makes the count and the
+    training processes agree on the directory by construction, whatever the environment held."""
     from fastrl.compile import compile_cache_dir
     root = compile_cache_dir()
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root)

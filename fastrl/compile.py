@@ -96,7 +96,7 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
         update_needs = CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS if members > 1 else CPU_COMPILE_MIN_GRADIENT_STEPS
         update = "default" if gradient_steps >= update_needs else "off"
     if (rollout, update) != ("off", "off"):
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache_dir()))
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
     per_call = (steps_per_call(n_epochs, n_minibatches, distributed, target_steps_per_call(gradient_steps))
                 if update != "off" else 1)
     return CompilePlan(rollout, update, per_call)
@@ -104,9 +104,27 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
 
 def compile_cache_dir() -> Path:
     """Where inductor's FX-graph and AOTAutograd caches live, so a second compile is fast:
-    ``$TORCHINDUCTOR_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/fastrl/torch_compile`` (``~/.cache/...``)."""
+    ``$TORCHINDUCTOR_CACHE_DIR`` if the user set it, else ``$XDG_CACHE_HOME/fastrl/torch_compile`` (``~/.cache/...``).
+
+    torch writes its own default (``/tmp/torchinductor_<user>``) into ``os.environ`` the first time it needs the
+    directory (importing ``torch._dynamo`` is enough), so in a process that did that before calling fastrl the
+    variable holds the default without anyone having set it: that value counts as unset."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or base / "fastrl" / "torch_compile")
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != _torch_default_cache_dir():
+        return Path(chosen)
+    return base / "fastrl" / "torch_compile"
+
+
+def _torch_default_cache_dir() -> str:
+    """The directory inductor uses, and writes into ``TORCHINDUCTOR_CACHE_DIR``, when the variable is unset."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        return os.path.abspath(default_cache_dir())
+    except (ImportError, AttributeError):  # another torch layout: its documented default
+        import getpass
+        import tempfile
+        return os.path.abspath(os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 
 
 def _prime_tensordict_memo() -> None:

@@ -218,12 +218,21 @@ class Update:
             # backward of the losses' sum (member m's weights reach only member m's loss), instead of torch.func's
             # per-member transforms.
             with torch.enable_grad():
-                weights = params.detach().requires_grad_()
+                if self.layout.batched:
+                    # Differentiated with respect to each parameter's [K, *shape] view, concatenated after: the
+                    # gradient with respect to [K, P] itself would add one zero-padded [K, P] slice per parameter.
+                    weights = params.detach()
+                    leaves = [view.requires_grad_() for view in self.layout.member_views(weights)]
+                else:
+                    weights = params.detach().requires_grad_()
+                    leaves = [weights]
                 with self.autocast():
-                    _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2])
+                    _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2],
+                                                                       views=leaves if self.layout.batched else None)
                 loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
                 total = (loss * scale).sum() if scale is not None else loss.sum()
-                grad, = torch.autograd.grad(total, weights)
+                grads = torch.autograd.grad(total, leaves)
+                grad = grads[0] if len(grads) == 1 else torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
             return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
         if params.dim() == 2:
             return vmap(self.gradient)(params, opt_state, minibatch, hparams)

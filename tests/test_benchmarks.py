@@ -621,8 +621,8 @@ def test_zoo_rows_record_and_report_the_compile_cache_they_started_from(tmp_path
 
 
 def test_the_zoo_pins_fastrls_compile_cache_for_itself_and_its_training_processes(tmp_path, monkeypatch):
-    """torch sets TORCHINDUCTOR_CACHE_DIR to its own default the first time a torch.optim optimizer steps (as SB3's
-    timing does in the zoo's process); pinned first, the zoo's count and every row's training process use fastrl's
+    """torch sets TORCHINDUCTOR_CACHE_DIR to its own default the first time it needs the directory (in the zoo's
+    process, during the first row); pinned first, the zoo's count and every row's training process use fastrl's
     cache all the same."""
     import sys
 

@@ -8,13 +8,14 @@ import copy
 import json
 import os
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
 import torch
 from torch.func import vmap
 
-from fastrl.compile import compile_plan
+from fastrl.compile import compile_cache_dir, compile_plan
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
 from fastrl.models import make_agent
@@ -244,6 +245,33 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=7).steps_per_call == 7
     assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=11).steps_per_call == 1
     assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2, distributed=True).steps_per_call == 1
+
+
+def test_the_compile_cache_is_fastrls_even_after_torch_wrote_its_default(tmp_path, monkeypatch):
+    """torch writes its own default cache directory into TORCHINDUCTOR_CACHE_DIR when it first needs it (importing
+    torch._dynamo is enough, as a script that compiled or imported a library that does has); a compiled run in that
+    process still uses fastrl's cache, and a directory the user set stays theirs."""
+    import subprocess
+
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    fastrls = tmp_path / "xdg" / "fastrl" / "torch_compile"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    written = subprocess.run([sys.executable, "-c", "import os, torch._dynamo; "
+                              "print(os.environ.get('TORCHINDUCTOR_CACHE_DIR'))"], env=env, capture_output=True,
+                             text=True, check=True).stdout.strip()
+    assert Path(written) == Path(default_cache_dir())  # what torch writes, so what a later run in that process sees
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", written)
+    assert compile_cache_dir() == fastrls
+    compile_plan("auto", cpu, 100)  # compiles nothing: the variable is left alone
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == written
+    compile_plan("default", cpu, 100)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(fastrls)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir() == tmp_path / "mine"
+    compile_plan("default", cpu, 100)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 def test_steps_per_call_weighs_the_compile_against_the_calls():
