@@ -292,13 +292,14 @@ def zoo_rows_cache(rows: list) -> str:
         return ""
     count = first["compile_cache_files_at_start"]
     if any(row.get("compile_cache_files_at_start") is not None and not row.get("compile_cache_dir") for row in rows):
-        # Recorded before benchmarks.zoo pinned the cache (pin_compile_cache): only the first row used the one counted.
+        # Recorded before the rows named their cache (before fastrl.compile.compile_cache_dir set torch's own default
+        # aside): only the first row used the one counted.
         start = "was empty" if count == 0 else f"held {count:,} files"
         return (f" fastrl's compile cache {start} when the first row started; the later rows' training processes "
                 "inherited torch's own cache directory instead (`TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_<user>`, "
                 "which torch writes into the zoo process's environment once it imports torch._dynamo) and found "
                 "there whatever graphs earlier runs had left: their process times may be warm starts. Since "
-                "2026-12-05 14:00 UTC benchmarks.zoo pins fastrl's cache for every row.")
+                "2026-12-05 14:00 UTC every row compiles into fastrl's cache and records it.")
     if count == 0:
         return (" The compile cache was empty when the first row started: every graph was compiled in this run, and "
                 "a later row reuses only the kernels that earlier rows built (the process times are first runs, not "

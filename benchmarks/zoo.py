@@ -194,27 +194,12 @@ def sb3_thread_counts() -> list[int]:
 
 
 def compile_cache_files() -> int:
-    """Files in fastrl's inductor cache (``fastrl.compile.compile_cache_dir``, which the training process inherits) when
-    a row starts: 0 means every graph the row compiles is built from nothing (a cold start)."""
+    """Files in fastrl's inductor cache (``fastrl.compile.compile_cache_dir``, the directory the training process
+    compiles into: whatever torch wrote into this process's environment does not change it) when a row starts: 0
+    means every graph the row compiles is built from nothing (a cold start)."""
     from fastrl.compile import compile_cache_dir
     root = compile_cache_dir()
     return sum(len(files) for _, _, files in os.walk(root)) if root.is_dir() else 0
-
-
-def pin_compile_cache() -> Path:
-    """Fix ``TORCHINDUCTOR_CACHE_DIR`` for this process and the training processes it starts to fastrl's cache
-    (``fastrl.compile.compile_cache_dir`` as the environment gives it now); returns it.
-
-    torch sets ``TORCHINDUCTOR_CACHE_DIR`` in ``os.environ`` to its own default (``/tmp/torchinductor_<user>``) the
-    first time it needs the directory (importing ``torch._dynamo`` is enough), which in the zoo's process happened
-    during the first row. Unpinned, every later row's training process inherited that directory: it compiled into and
-    loaded from torch's default, not the cache this script counts (and a reader empties for a cold run). Since
-    ``fastrl.compile.compile_cache_dir`` treats torch's default as unset, the pin is what makes the count and the
-    training processes agree on the directory by construction, whatever the environment held."""
-    from fastrl.compile import compile_cache_dir
-    root = compile_cache_dir()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root)
-    return root
 
 
 def median(values: list):
@@ -234,9 +219,10 @@ def wait_for_quiet(below: float, max_wait_s: float, poll_s: float = 5.0) -> list
 
 
 def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> dict:
+    from fastrl.compile import compile_cache_dir
     from fastrl.population import interquartile_mean
     load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    cache_files = compile_cache_files()
+    cache_files, cache_dir = compile_cache_files(), compile_cache_dir()
     with tempfile.TemporaryDirectory(prefix="fastrl-zoo-") as tmp:
         run = train_fastrl(row, seeds, steps, Path(tmp))
     sb3 = time_sb3(row, steps)
@@ -244,7 +230,7 @@ def score_row(row: ZooRow, seeds: int, steps: int, out: Path, quick: bool) -> di
     result = {**asdict(row), "budget": steps, "seeds": seeds, "quick": quick, **run, **sb3,
               "eval_median": median(evals), "eval_iqm": interquartile_mean(evals) if evals else None,
               "last100_median": median(run["last100_returns"]), "load_average_at_start": load,
-              "compile_cache_files_at_start": cache_files, "compile_cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
+              "compile_cache_files_at_start": cache_files, "compile_cache_dir": str(cache_dir),
               "started": started, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "code": code_version()}
     if sb3.get("sb3_single_run_s"):
         result["faster_than_sb3_single_run"] = run["process_s"] < sb3["sb3_single_run_s"]
@@ -342,7 +328,6 @@ def main(argv=None) -> int:
     out = Path(args.out_dir).resolve() / machine_tag("cpu")
     if out.resolve() == (RESULTS_DIR / machine_tag("cpu")).resolve() and args.quick:
         parser.error("--quick results never go to the committed benchmarks/results: pass another --out-dir")
-    pin_compile_cache()
     for name in args.configs:
         row = known[name]
         if (out / "zoo" / f"{name.replace('/', '_')}.json").is_file() and not args.redo:

@@ -218,17 +218,16 @@ class Update:
             # backward of the losses' sum (member m's weights reach only member m's loss), instead of torch.func's
             # per-member transforms.
             with torch.enable_grad():
+                weights, views = params.detach(), None
                 if self.layout.batched:
                     # Differentiated with respect to each parameter's [K, *shape] view, concatenated after: the
                     # gradient with respect to [K, P] itself would add one zero-padded [K, P] slice per parameter.
-                    weights = params.detach()
-                    leaves = [view.requires_grad_() for view in self.layout.member_views(weights)]
+                    leaves = views = [view.requires_grad_() for view in self.layout.member_views(weights)]
                 else:
-                    weights = params.detach().requires_grad_()
-                    leaves = [weights]
+                    leaves = [weights.requires_grad_()]
                 with self.autocast():
                     _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2],
-                                                                       views=leaves if self.layout.batched else None)
+                                                                       views=views)
                 loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
                 total = (loss * scale).sum() if scale is not None else loss.sum()
                 grads = torch.autograd.grad(total, leaves)

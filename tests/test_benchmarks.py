@@ -1,5 +1,6 @@
 """Smoke tests of the benchmark suite: the entry point, the report generator and the peers' pure pieces."""
 import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
@@ -620,28 +621,19 @@ def test_zoo_rows_record_and_report_the_compile_cache_they_started_from(tmp_path
     assert report.zoo_rows_cache(rows) == ""
 
 
-def test_the_zoo_pins_fastrls_compile_cache_for_itself_and_its_training_processes(tmp_path, monkeypatch):
-    """torch sets TORCHINDUCTOR_CACHE_DIR to its own default the first time it needs the directory (in the zoo's
-    process, during the first row); pinned first, the zoo's count and every row's training process use fastrl's
-    cache all the same."""
-    import sys
-
-    import torch
+def test_the_zoo_counts_the_cache_its_rows_compile_into_after_torch_wrote_its_default(tmp_path, monkeypatch):
+    """torch writes its own default into TORCHINDUCTOR_CACHE_DIR the first time it needs the directory (in the zoo's
+    process, during the first row): the zoo's count, like every row's training process, stays on fastrl's cache."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     from benchmarks import zoo
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    expected = tmp_path / "xdg" / "fastrl" / "torch_compile"
-    assert zoo.pin_compile_cache() == expected
-    layer = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.Adam(layer.parameters())
-    layer(torch.ones(1, 2)).sum().backward()
-    optimizer.step()  # what would have switched the environment to torch's default
-    from fastrl.compile import compile_cache_dir
-    assert compile_cache_dir() == expected
-    child = subprocess.run([sys.executable, "-c", "from fastrl.compile import compile_cache_dir; "
-                            "print(compile_cache_dir())"], capture_output=True, text=True, check=True)
-    assert child.stdout.strip() == str(expected)
+    (tmp_path / "xdg" / "fastrl" / "torch_compile").mkdir(parents=True)
+    (tmp_path / "xdg" / "fastrl" / "torch_compile" / "graph").write_text("x")
+    cache_dir()  # what torch calls when it needs the directory: it writes its default into the environment
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] != str(tmp_path / "xdg" / "fastrl" / "torch_compile")
+    assert zoo.compile_cache_files() == 1
 
 
 def test_zoo_rows_time_sb3_on_valid_settings_and_on_the_zoos_own_mujoco_runs():

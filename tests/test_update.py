@@ -8,8 +8,8 @@ import copy
 import json
 import os
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -251,8 +251,6 @@ def test_the_compile_cache_is_fastrls_even_after_torch_wrote_its_default(tmp_pat
     """torch writes its own default cache directory into TORCHINDUCTOR_CACHE_DIR when it first needs it (importing
     torch._dynamo is enough, as a script that compiled or imported a library that does has); a compiled run in that
     process still uses fastrl's cache, and a directory the user set stays theirs."""
-    import subprocess
-
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     cpu = torch.device("cpu")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
