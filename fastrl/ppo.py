@@ -14,8 +14,11 @@ from fastrl.lazy_dynamo import import_tensordict
 TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
 
 
-def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return (x * valid).sum() / valid.sum().clamp(min=1)
+def masked_mean(x: torch.Tensor, valid: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The mean of ``x`` over its ``valid`` entries: all of them, or along ``dim`` (kept, size 1)."""
+    if dim is None:
+        return (x * valid).sum() / valid.sum().clamp(min=1)
+    return (x * valid).sum(dim, keepdim=True) / valid.sum(dim, keepdim=True).clamp(min=1)
 
 
 def compute_advantages(batch: TensorDict, gamma: float, lam: float) -> None:
@@ -31,9 +34,12 @@ def compute_advantages(batch: TensorDict, gamma: float, lam: float) -> None:
     batch["value_target"].copy_(value_target)
 
 
-def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """1 - Var[target - value] / Var[target] over valid samples (NaN-free: 0-variance targets give 0)."""
-    var_target = masked_mean((target - masked_mean(target, valid)).square(), valid)
+def explained_variance(value: torch.Tensor, target: torch.Tensor, valid: torch.Tensor,
+                       dim: int | None = None) -> torch.Tensor:
+    """1 - Var[target - value] / Var[target] over valid samples (NaN-free: 0-variance targets give 0): over all of
+    them (0-d), or along ``dim`` (K members' ``[K, B]`` with ``dim=-1``: ``[K]``)."""
+    var_target = masked_mean((target - masked_mean(target, valid, dim)).square(), valid, dim)
     resid = target - value
-    var_resid = masked_mean((resid - masked_mean(resid, valid)).square(), valid)
-    return torch.where(var_target > 0, 1 - var_resid / var_target.clamp(min=1e-12), torch.zeros_like(var_target))
+    var_resid = masked_mean((resid - masked_mean(resid, valid, dim)).square(), valid, dim)
+    out = torch.where(var_target > 0, 1 - var_resid / var_target.clamp(min=1e-12), torch.zeros_like(var_target))
+    return out if dim is None else out.squeeze(dim)

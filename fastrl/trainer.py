@@ -34,6 +34,7 @@ import torch
 from torch.func import vmap
 
 from fastrl import distributed
+from fastrl.allocator import keep_freed_memory
 from fastrl.async_collect import AsyncCollector, RolloutViews
 from fastrl.async_env import make_async_env, resolve_env_mode
 from fastrl.buffers import make_rollout_buffer
@@ -136,6 +137,8 @@ class Trainer:
                             "or train one seed per torchrun job")
         rank = self.dist.rank
         seed_process(cfg.seed, rank)
+        if self.device.type == "cpu":  # an eager CPU step's temporaries reused, not mapped afresh (fastrl.allocator)
+            keep_freed_memory()
         self.n_envs = n = rank_n_envs(cfg, self.dist.world_size)  # per member, on this rank
         self.env_mode = resolve_env_mode(cfg, n)
         self.env = (make_async_env if self.env_mode == "async" else make_env)(
@@ -202,7 +205,8 @@ class Trainer:
         fused = self.env_mode == "sync" and has_fused_step(self.env)
         gradient_steps = self.n_iterations * self.spec.n_steps
         self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
-                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled, members=k)
+                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled, members=k,
+                                 hand_gradient=self.update_fn.members_gradient is not None)
         # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
         # compiling it to save 2 s of forwards (2026-12-04).
@@ -390,8 +394,8 @@ class Trainer:
                     sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
             per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
             valid = self._member_major(batch["valid"]).float()
-            per_member["losses/explained_variance"] = vmap(explained_variance)(
-                self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid)
+            per_member["losses/explained_variance"] = explained_variance(
+                self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid, dim=-1)
             per_member["charts/learning_rate"] = self.hparams["lr"].float()
             if any(m.anneal_clip for m in self.members):
                 per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()

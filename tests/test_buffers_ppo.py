@@ -199,6 +199,17 @@ def test_explained_variance():
     assert flat.item() == 0.0 and torch.isfinite(flat)       # zero-variance target: 0, not NaN
 
 
+def test_explained_variance_along_a_member_axis_is_each_rows_own():
+    """``dim=-1``: K members' ``[K, B]`` at once, each row as the 0-d form gives it (a population's statistic)."""
+    generator = torch.Generator().manual_seed(0)
+    value, target = torch.randn(3, 20, generator=generator), torch.randn(3, 20, generator=generator)
+    valid = (torch.rand(3, 20, generator=generator) > 0.3).float()
+    target[2] = 4.0  # a zero-variance row: 0
+    rows = explained_variance(value, target, valid, dim=-1)
+    assert rows.shape == (3,) and rows[2].item() == 0.0
+    torch.testing.assert_close(rows, torch.stack([explained_variance(value[m], target[m], valid[m]) for m in range(3)]))
+
+
 def test_collect_fills_next_value_and_valid():
     from fastrl.config import make_config
     from fastrl.train import Trainer

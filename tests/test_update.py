@@ -284,6 +284,9 @@ def test_steps_per_call_weighs_the_compile_against_the_calls():
     assert compile_plan("auto", cpu, 15_360).update == "off"  # one agent: eager below 20k steps
     assert compile_plan("auto", cpu, 11_680, members=3).update == "default"  # a population compiles from 10k
     assert compile_plan("auto", cpu, 7_800, members=3).update == "off"
+    # a population whose eager step is the hand-derived gradient (fastrl.mlp_gradient) compiles from 30k
+    assert compile_plan("auto", cpu, 12_500, members=3, hand_gradient=True).update == "off"
+    assert compile_plan("auto", cpu, 62_464, members=3, hand_gradient=True).update == "default"
 
 
 def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
