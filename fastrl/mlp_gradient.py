@@ -15,6 +15,7 @@ with the loss's gradient with respect to the policy's outputs in closed form:
     dL/dV_i     = vf_coef * mask_i / n * (V_i - R_i)  (clip_vloss: the larger branch's, half each at a tie)
     categorical logits z, p = softmax(z):  dlogp/dz = onehot(a) - p,  dH/dz = -p (log p + H)
     Gaussian mean mu, log-std s:           dlogp/dmu = (a - mu) / sigma^2,  dlogp/ds = z^2 - 1,  dH/ds = 1
+    gSDE, per row s = log(V) / 2, V = latent^2 @ std^2 + eps (latent constant):  dL/dstd^2 = latent^2^T (dL/ds / 2V)
 
 where ``n`` is the member's count of valid rows and ``A`` its (normalized) advantages. The twin is autograd through
 ``fastrl.stacked.members_actor_critic`` and ``kernels.ppo_loss`` / ``pg_loss`` (``tests/test_mlp_gradient.py``
@@ -22,7 +23,7 @@ compares loss, statistics and gradient). Shapes: every minibatch field ``[K, B, 
 the gradient ``[K, P]`` in ``FlatLayout``'s order.
 
 Supported (``supports``): ``ActorCritic`` with tanh or ReLU trunks, separate or shared, a discrete (not
-MultiDiscrete) or a diagonal Gaussian policy without gSDE, PPO or A2C, float32 (no autocast, no loss scaling).
+MultiDiscrete) or a diagonal Gaussian policy (gSDE included), PPO or A2C, float32 (no autocast, no loss scaling).
 Anything else takes the autograd path.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from torch import nn
 
 from fastrl.kernels.losses import ADV_EPS
-from fastrl.models import ActorCritic
+from fastrl.models import GSDE_EPSILON, ActorCritic
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
@@ -58,7 +59,7 @@ class MembersMLPGradient:
     def supports(agent: nn.Module, algo: str, autocast_off: bool, loss_scaling: bool) -> bool:
         if type(agent) is not ActorCritic or algo not in ("ppo", "a2c") or not autocast_off or loss_scaling:
             return False
-        if agent.use_sde or (agent.discrete and agent.action_spec.nvec):
+        if agent.discrete and agent.action_spec.nvec:
             return False
         trunks = [agent.actor_trunk] + ([] if agent.shared_trunk else [agent.critic_trunk])
         return all(_trunk_layers(t) is not None for t in trunks)
@@ -66,7 +67,7 @@ class MembersMLPGradient:
     def __init__(self, layout, algo: str, clip_vloss: bool, norm_adv: bool):
         agent = layout.agent
         self.layout, self.algo, self.clip_vloss, self.norm_adv = layout, algo, clip_vloss, norm_adv
-        self.discrete, self.shared = agent.discrete, agent.shared_trunk
+        self.discrete, self.shared, self.sde = agent.discrete, agent.shared_trunk, agent.use_sde
         index = layout.index_of
 
         def indexed(layers):
@@ -133,6 +134,16 @@ class MembersMLPGradient:
             probs = log_probs.exp()
             logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(probs * log_probs).sum(-1)
+        elif self.sde:
+            # gSDE: each row's variance latent^2 @ std^2 (+ eps), the latent taken as a constant.
+            std_sq = views[self.log_std].exp().square()  # [K, L, A]
+            latent_sq = actor[-1].square()  # [K, B, L]
+            variance = torch.bmm(latent_sq, std_sq) + GSDE_EPSILON  # [K, B, A]
+            row_log_std = 0.5 * torch.log(variance)
+            inv_std = torch.exp(-row_log_std)
+            z = (action.reshape(k, b, -1) - out) * inv_std
+            logp = (-0.5 * z.square() - row_log_std - _LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + _LOG_SQRT_2PI + row_log_std).sum(-1)
         else:
             log_std = views[self.log_std]  # [K, A]
             inv_std = torch.exp(-log_std).unsqueeze(1)
@@ -194,7 +205,12 @@ class MembersMLPGradient:
                 log_probs + entropy.unsqueeze(-1))
         else:
             g_out = g_logp.unsqueeze(-1) * z * inv_std
-            grads[self.log_std] = (g_logp.unsqueeze(-1) * (z * z - 1)).sum(1) + g_entropy.sum(1, keepdim=True)
+            g_row_log_std = g_logp.unsqueeze(-1) * (z * z - 1) + g_entropy.unsqueeze(-1)  # [K, B, A]
+            if self.sde:  # row log-std = log(variance) / 2, variance = latent^2 @ exp(log_std)^2 + eps
+                g_std_sq = torch.bmm(latent_sq.transpose(1, 2), g_row_log_std * 0.5 / variance)  # [K, L, A]
+                grads[self.log_std] = g_std_sq * 2 * std_sq
+            else:
+                grads[self.log_std] = g_row_log_std.sum(1)
         # The heads, then the trunks.
         grads[pw] = torch.bmm(g_out.transpose(1, 2), actor[-1])
         grads[pb] = g_out.sum(1)

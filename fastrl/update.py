@@ -30,8 +30,9 @@ from them (``fastrl.impala``; never differentiated):
   policy) over the ``[T * N]`` rows, ``minibatch_index`` as PPO's.
 
 Eagerly, K members also run without an outer vmap: ``Update.steps`` on ``[K, P]`` parameters (``[K, ...]`` batches,
-``[K]`` hyperparameters) takes the members' losses through one vmapped forward and one backward of their sum, and
-the clip, guard and optimizer math broadcast over the member axis: the same ops as one member, on bigger tensors.
+``[K]`` hyperparameters) takes the members' losses through one vmapped forward and one backward of their sum (an MLP
+actor-critic: its loss and gradient derived by hand, ``fastrl.mlp_gradient``), and the clip, guard and optimizer math
+broadcast over the member axis: the same ops as one member, on bigger tensors.
 
 ``Update.steps`` runs a slice of the minibatch steps (the trainer puts ``compile_plan(...).steps_per_call`` of them
 in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves, between which torchrun
