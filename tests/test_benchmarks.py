@@ -461,6 +461,18 @@ def test_learner_tiny(tmp_path):
     assert report.learner_section(data)
 
 
+def test_population_step_tiny(tmp_path, capsys):
+    """The eager population step benchmark: both contenders on every case, JSON only where asked."""
+    from benchmarks import population_step
+    assert population_step.main(["--repeats", "1", "--calls", "1", "--threads", "1"]) == 0
+    assert "autograd / hand" in capsys.readouterr().out and not list(tmp_path.iterdir())
+    out = tmp_path / "population_step.json"
+    assert population_step.main(["--repeats", "1", "--calls", "1", "--threads", "1", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["case"] for r in data["rows"]] == list(population_step.CASES)
+    assert all(r["hand_us"] > 0 and r["autograd_us"] > 0 for r in data["rows"]) and data["members"] == 3
+
+
 # ---------------------------------------------------------------------------------------------- gpu_profile.py
 def test_gpu_profile_dry_run(tmp_path):
     """``fastrl bench --profile gpu --dry-run``'s code on CPU, with the Triton kernels interpreted (TRITON_INTERPRET=1
