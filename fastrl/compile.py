@@ -28,7 +28,7 @@ CPU_COMPILE_MIN_GRADIENT_STEPS = 20_000
 # break-even near 8k (15.4k-step process: 56 s eager, 42 s compiled). Between those: 10k.
 CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 10_000
 # The same for a population whose eager step is ``fastrl.mlp_gradient``'s hand-derived gradient (an MLP actor-critic,
-# PPO or A2C, no gSDE): that eager step costs about half of autograd's, so the compile saves less per step. Measured
+# PPO or A2C, gSDE included): that eager step costs about half of autograd's, so the compile saves less per step. Measured
 # for 3 members (2-core Intel Xeon, 2026-12-05): MountainCarContinuous (Gaussian, minibatch 256) 1.6 ms eager against
 # 0.84 ms compiled, CartPole at the zoo's settings (minibatch 256) about 1.7 against 1.0, for a compile of about 20 s
 # cold: break-even near 26k-29k steps.
