@@ -82,7 +82,8 @@ ROWS = (
     ZooRow("ppo/acrobot", 1_000_000, -73.5, "Acrobot-v1"),
     ZooRow("ppo/mountaincar", 1_000_000, -110.0, "MountainCar-v0"),
     ZooRow("ppo/mountaincar_continuous", 300_000, None, "MountainCarContinuous-v0"),
-    ZooRow("ppo/pendulum", 100_000, -172.0, "Pendulum-v1"),
+    ZooRow("ppo/pendulum", 100_000, -172.0, "Pendulum-v1",
+           zoo_settings=(("n_envs", 4), ("n_steps", 1024))),  # the zoo's rollout shape; the config runs 16 x 256
     ZooRow("ppo/lunarlander", 1_000_000, 242.1, "LunarLander-v3"),
     ZooRow("ppo/lunarlander_continuous", 1_000_000, 271.0, "LunarLanderContinuous-v3"),
     ZooRow("ppo/halfcheetah", 1_000_000, 5819.1, "HalfCheetah-v5", "1,442 ± 46", ONE_ENV),

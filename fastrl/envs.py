@@ -958,12 +958,12 @@ class NormalizedEnv:
         """``obs [K * n, ...]``, normalized by each member's statistics (updated first when training): float32."""
         if not self.normalize_obs:
             return obs
-        grouped = obs.reshape(self.n_members, -1, *obs.shape[1:])
+        grouped = obs.reshape(self.n_members, -1, *obs.shape[1:]).double()  # converted once, for both uses
         if self.training:
             self.obs_stats.update(grouped)
         mean = self.obs_stats.mean.unsqueeze(1)
         std = torch.sqrt(self.obs_stats.var.unsqueeze(1) + 1e-8)
-        return ((grouped.double() - mean) / std).clamp_(-self.obs_clip, self.obs_clip).float().reshape(obs.shape)
+        return ((grouped - mean) / std).clamp_(-self.obs_clip, self.obs_clip).float().reshape(obs.shape)
 
     def reset(self) -> torch.Tensor:
         self.discounted_return.zero_()
@@ -980,7 +980,7 @@ class NormalizedEnv:
             self.return_stats.update(returns, out.valid.view(k, -1))
             scaled = reward / torch.sqrt(self.return_stats.var.unsqueeze(1) + 1e-8)
             out.reward = scaled.clamp_(-self.reward_clip, self.reward_clip).float().reshape(-1)
-            self.discounted_return[out.done] = 0.0
+            self.discounted_return.masked_fill_(out.done, 0.0)
         return out
 
     def state_dict(self, member: int = 0) -> dict:

@@ -157,8 +157,8 @@ class MembersMLPGradient:
         count = live.sum(1, keepdim=True).float().clamp(min=1)  # [K, 1]
         weight = torch.where(live, 1.0 / count, zero)  # [K, B]: the masked mean's gradient
 
-        def masked_mean(v):  # where, not a product: a NaN in a masked-out row must not reach the mean
-            return torch.where(live, v, zero).sum(1) / count.squeeze(1)
+        def masked_mean(v):  # [..., K, B] -> [..., K]; where, not a product: a masked-out row's NaN stays out
+            return torch.where(live, v, zero).sum(-1) / count.squeeze(1)
         adv = advantage
         if self.norm_adv:
             mean = masked_mean(adv).unsqueeze(1)
@@ -173,11 +173,11 @@ class MembersMLPGradient:
             unclipped, clipped = -adv * ratio, -adv * ratio.clamp(1 - clip, 1 + clip)
             policy_terms = torch.maximum(unclipped, clipped)
             g_logp = torch.where(live & (unclipped >= clipped), unclipped * weight, zero)
-            stats["approx_kl"] = masked_mean((ratio - 1) - logratio)
-            stats["clipfrac"] = masked_mean(((ratio - 1).abs() > clip).float())
+            stat_terms = [(ratio - 1) - logratio, ((ratio - 1).abs() > clip).float()]  # approx_kl, clipfrac
         else:
             policy_terms = -adv * logp
             g_logp = torch.where(live, -adv * weight, zero)
+            stat_terms = []
         error = value - value_target
         if self.clip_vloss:
             clip = hparams["clip_coef"].unsqueeze(1)
@@ -191,9 +191,13 @@ class MembersMLPGradient:
         else:
             value_terms = 0.5 * error * error
             g_error = error
-        policy_loss, value_loss, entropy_mean = masked_mean(policy_terms), masked_mean(value_terms), masked_mean(entropy)
+        # The reported means (the loss itself only guards against non-finite steps): one masked mean of them stacked.
+        means = masked_mean(torch.stack([policy_terms, value_terms, entropy, *stat_terms]))
+        policy_loss, value_loss, entropy_mean = means[0], means[1], means[2]
         loss = policy_loss - hparams["ent_coef"] * entropy_mean + hparams["vf_coef"] * value_loss
         stats.update(policy_loss=policy_loss, value_loss=value_loss, entropy=entropy_mean)
+        if stat_terms:
+            stats.update(approx_kl=means[3], clipfrac=means[4])
         g_value = torch.where(live, vf_coef * weight * g_error, zero)  # [K, B]
         g_entropy = -ent_coef * weight  # [K, B]
 

@@ -385,13 +385,16 @@ class Trainer:
                 sums = self._distributed_update(inputs, index)
             else:
                 active = torch.ones(k, dtype=torch.bool, device=self.device)
-                sums = None
+                parts = []
                 for first in range(0, spec.n_steps, self.steps_per_call):
                     count = min(self.steps_per_call, spec.n_steps - first)
                     chunk = None if index is None else index[:, first:first + count]
                     part, active = self.update_call(self.params, self.opt_state, inputs, chunk, self.hparams, active,
                                                     self._epoch_ends[first])
-                    sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
+                    parts.append(part)
+                # The calls' statistics summed once (an eager update makes a call per step)
+                sums = parts[0] if len(parts) == 1 else {key: torch.stack([part[key] for part in parts]).sum(0)
+                                                         for key in parts[0]}
             per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
             valid = self._member_major(batch["valid"]).float()
             per_member["losses/explained_variance"] = explained_variance(

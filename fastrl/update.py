@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 from torch.func import grad_and_value, vjp, vmap
@@ -288,21 +288,27 @@ class Update:
         active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``."""
         spec = self.spec
         zero = torch.zeros(params.shape[:-1], device=params.device)
+        one = torch.ones_like(zero)
         stat_keys = stat_names(spec.algo)
-        sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
+        # The statistics and the applied-step count summed as one stacked [S + 1, ...] tensor (a handful of ops a
+        # step, not three per statistic); the skipped non-finite steps apart.
+        summed = torch.zeros((len(stat_keys) + 1, *zero.shape), device=params.device)
+        nonfinite_updates = zero
         for j in range(1 if index is None else index.shape[-2]):
             minibatch = self.minibatch(batch, index, j)
             grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
             params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                           keep=active)
             stats = {**stats, "grad_norm": grad_norm}
-            for key in stat_keys:  # where, not a product: a skipped step's NaN must not reach the sums
-                sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
-            sums["n_updates"] = sums["n_updates"] + applied.float()
-            sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
+            step_values = torch.stack([*(stats[key].float() for key in stat_keys), one])
+            # where, not a product: a skipped step's NaN must not reach the sums
+            summed = summed + torch.where(applied, step_values, zero)
+            nonfinite_updates = nonfinite_updates + (nonfinite & active).float()
             if spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one
                 limit = hparams.get("target_kl", spec.target_kl)
                 active = active & ~(epoch_ends[j] & (limit > 0) & (stats["approx_kl"] > limit))
+        sums = {key: summed[i] for i, key in enumerate((*stat_keys, "n_updates"))}
+        sums["nonfinite_updates"] = nonfinite_updates
         return params, opt_state, sums, active
 
     def minibatch(self, batch: tuple, index, j: int) -> tuple:
@@ -318,6 +324,10 @@ class Update:
             columns = index[j]
             return tuple(tensor[columns] if key == "bootstrap_observation" else tensor[:, columns]
                          for key, tensor in zip(VTRACE_KEYS, batch))
+        if index.dim() == 3:  # K members' [K, B, ...] rows: one flat index, then one index_select per input
+            k, rows = batch[0].shape[:2]
+            flat = (index[:, j] + _member_row_offsets(k, rows, index.device)).reshape(-1)
+            return tuple(tensor.flatten(0, 1).index_select(0, flat).view(k, -1, *tensor.shape[2:]) for tensor in batch)
         return tuple(_gather_rows(tensor, index, j) for tensor in batch)
 
     # ------------------------------------------------------------------ the whole update
@@ -370,6 +380,12 @@ class Update:
                 opt_state[key].copy_(value)
             sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
         return {**finish_metrics(sums), **stats}
+
+
+@lru_cache(maxsize=16)
+def _member_row_offsets(members: int, rows: int, device: torch.device) -> torch.Tensor:
+    """``[K, 1]``: member m's first row in ``[K * B, ...]`` rows, ``m * B``."""
+    return (torch.arange(members, device=device) * rows)[:, None]
 
 
 def _gather_rows(tensor: torch.Tensor, index: torch.Tensor, j: int) -> torch.Tensor:

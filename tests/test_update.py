@@ -150,6 +150,21 @@ def test_vmap_over_members_equals_each_member_alone():
         torch.testing.assert_close(metrics["policy_loss"][m], alone_metrics["policy_loss"], atol=1e-6, rtol=1e-5)
 
 
+def test_members_minibatch_rows_are_each_members_own_rows():
+    """K members' eager minibatch (one flat index over [K * B] rows) holds, per member, the rows its own index names."""
+    cfg, agent = _setup()
+    update = Update(UpdateSpec.of(cfg), FlatLayout(agent))
+    g = torch.Generator().manual_seed(3)
+    inputs = (torch.randn(3, BATCH, *OBS, generator=g), torch.randint(0, N_ACTIONS, (3, BATCH), generator=g),
+              torch.rand(3, BATCH, generator=g) > 0.5)
+    index = torch.stack([minibatch_index(BATCH, 2, 4, torch.Generator().manual_seed(m), "cpu") for m in range(3)])
+    for j in range(index.shape[1]):
+        for tensor, rows in zip(inputs, update.minibatch(inputs, index, j)):
+            assert rows.shape == (3, BATCH // 4, *tensor.shape[2:])
+            for m in range(3):
+                assert torch.equal(rows[m], tensor[m][index[m, j]])
+
+
 def test_steps_in_chunks_equal_the_whole_update():
     cfg, agent = _setup(target_kl=2e-3)
     batch = _batch(cfg, agent)
