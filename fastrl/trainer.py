@@ -183,6 +183,7 @@ class Trainer:
         self._steps_since_rollout_start = 0
         self.policy = MemberPolicy(self.agent, self.layout, self.params, self.autocast)
         self.iteration = 0
+        self._updates_here = 0  # iterations this object ran (see _warm_compiled)
         self.global_step = 0
         self.timer = Timer()
         self._member_metrics: dict = {}
@@ -239,9 +240,11 @@ class Trainer:
                 torch._dynamo.mark_static_address(tensor)
 
     def _warm_compiled(self) -> bool:
-        """From the second iteration on, every compiled function has compiled for the inputs it sees: the hot loops
-        skip guard evaluation (``fastrl.compile.skip_guards``)."""
-        return self.iteration >= 1 and (self.rollout_mode != "off" or self.plan.update != "off")
+        """From this trainer's own second iteration on, every compiled function has compiled for the inputs it sees:
+        the hot loops skip guard evaluation (``fastrl.compile.skip_guards``). Counted here, not from ``iteration``,
+        which a resume restores: a trainer built on a saved state (``fastrl tune``'s next, smaller segment in the
+        same process) must first compile for its own shapes, which under skipped guards would fail to eager."""
+        return self._updates_here >= 1 and (self.rollout_mode != "off" or self.plan.update != "off")
 
     # ------------------------------------------------------------------ hot path
     def finished(self) -> bool:
@@ -404,6 +407,7 @@ class Trainer:
                 per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
         self._member_metrics = per_member
         self.iteration += 1
+        self._updates_here += 1
         metrics = {key: value.float().mean() for key, value in per_member.items()}
         metrics["losses/nonfinite_updates"] = per_member["losses/nonfinite_updates"].sum()
         return metrics

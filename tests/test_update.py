@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -285,6 +286,29 @@ def test_the_compile_cache_is_fastrls_even_after_torch_wrote_its_default(tmp_pat
     assert compile_cache_dir() == tmp_path / "mine"
     compile_plan("default", cpu, 100)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_a_trainer_with_a_restored_iteration_count_compiles_before_it_skips_guards():
+    """fastrl tune's next segment (fewer members, in the same process) and a resume build a Trainer whose iteration
+    count is restored: it compiles for its own shapes on its first iteration and skips guards only from its second,
+    instead of failing over to eager (a recompile under skipped guards raises)."""
+    from fastrl.trainer import Trainer
+    base = {"env": "CartPole-v1", "n_envs": 2, "n_steps": 8, "n_epochs": 1, "n_minibatches": 2, "hidden_sizes": [8],
+            "compile": "default", "progress": False, "wandb": "disabled", "tensorboard": False}
+    first = Trainer(make_config({**base, "n_seeds": 2}))
+    for _ in range(2):
+        first.collect()
+        first.update()
+    second = Trainer(make_config({**base, "n_seeds": 3}))
+    second.iteration = 2  # as load_state_dict restores it
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            second.collect()
+            second.update()
+    failed = [str(w.message) for w in caught if "torch.compile failed" in str(w.message)]
+    assert not failed, failed
+    assert second.update_call.compiled and second.plan.update == "default"
 
 
 def test_steps_per_call_weighs_the_compile_against_the_calls():
