@@ -288,27 +288,21 @@ class Update:
         active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``."""
         spec = self.spec
         zero = torch.zeros(params.shape[:-1], device=params.device)
-        one = torch.ones_like(zero)
         stat_keys = stat_names(spec.algo)
-        # The statistics and the applied-step count summed as one stacked [S + 1, ...] tensor (a handful of ops a
-        # step, not three per statistic); the skipped non-finite steps apart.
-        summed = torch.zeros((len(stat_keys) + 1, *zero.shape), device=params.device)
-        nonfinite_updates = zero
+        sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
         for j in range(1 if index is None else index.shape[-2]):
             minibatch = self.minibatch(batch, index, j)
             grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
             params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                           keep=active)
             stats = {**stats, "grad_norm": grad_norm}
-            step_values = torch.stack([*(stats[key].float() for key in stat_keys), one])
-            # where, not a product: a skipped step's NaN must not reach the sums
-            summed = summed + torch.where(applied, step_values, zero)
-            nonfinite_updates = nonfinite_updates + (nonfinite & active).float()
+            for key in stat_keys:  # where, not a product: a skipped step's NaN must not reach the sums
+                sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
+            sums["n_updates"] = sums["n_updates"] + applied.float()
+            sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
             if spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one
                 limit = hparams.get("target_kl", spec.target_kl)
                 active = active & ~(epoch_ends[j] & (limit > 0) & (stats["approx_kl"] > limit))
-        sums = {key: summed[i] for i, key in enumerate((*stat_keys, "n_updates"))}
-        sums["nonfinite_updates"] = nonfinite_updates
         return params, opt_state, sums, active
 
     def minibatch(self, batch: tuple, index, j: int) -> tuple:
