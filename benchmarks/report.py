@@ -322,11 +322,28 @@ def zoo_section(report: dict) -> list:
             f"the seeds; the zoo's figure is one agent's ([benchmark.md]({report.get('zoo_source')})). fastrl "
             f"process s: the whole population's process (start-up, compiling, training, final evaluation). SB3 "
             f"single run: the budget at SB3's steps/s measured here with the same hyperparameters (the zoo's own "
-            f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings, the "
-            f"zoo's whole run), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
+            f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings, and "
+            f"ppo/swimmer, the zoo's whole run), Gymnasium envs, at the faster of 1 torch thread and all cores (the "
             f"count in brackets{one_thread_only}). Each row names its date and the load average at its start; "
             f"machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span}{note} Curves (median, "
-            f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"])]
+            f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"]),
+            *sb3_runs_lines(report.get("sb3_runs") or [])]
+
+
+def sb3_runs_lines(runs: list) -> list:
+    """SB3 itself trained to the zoo's budget at the settings the table times it at (``benchmarks.zoo --sb3-seeds``):
+    does the zoo's figure hold on this machine?"""
+    if not runs:
+        return []
+    rows = [[r["config"], r["gym_env"], r["seed"], f"{r['steps']:,}", f"{r['eval_mean']:,.1f}",
+             f"{r['last100_mean']:,.1f}", "-" if r["zoo"] is None else f"{r['zoo']:,.1f}", f"{r['train_s']:,.0f}",
+             r["started"][:16].replace("T", " "), f"{r['load_average_at_start'][0]:.2f}", r["code"],
+             f"`{r['command']}`"] for r in runs]
+    return ["", "SB3 itself, trained to the zoo's budget at the settings the table times it at (1 torch thread) and "
+                "scored by 10 deterministic episodes with its normalizer frozen: whether the zoo's published figure "
+                "holds for SB3 on this machine.", "",
+            markdown_table(["config", "env", "seed", "steps", "SB3 eval", "SB3 last-100", "zoo", "train s",
+                            "started (UTC)", "load", "code", "command"], rows)]
 
 
 def gpu_profile_section(report: dict) -> list:

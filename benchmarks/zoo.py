@@ -3,6 +3,7 @@ published PPO figure, with the wall time a single SB3 run would need at SB3's st
 
     python -m benchmarks.zoo [--configs ppo/acrobot ...] [--seeds 3] [--out-dir DIR] [--quick] [--redo]
                              [--quiet-below LOAD] [--max-wait S]
+    python -m benchmarks.zoo --configs ppo/swimmer --sb3-seeds 1 [2 ...]   # SB3 itself to the budget, scored
 
 Per config (``ROWS``):
 - fastrl: one ``python -m fastrl.train --config C --n-seeds S --total-steps B`` process (seeds 1..S as one population;
@@ -13,11 +14,13 @@ Per config (``ROWS``):
   over their last 100 episodes.
 - SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``; where
   the zoo's own run differs, its settings, ``ZooRow.zoo_settings``: ppo/hopper and ppo/walker2d run CleanRL's
-  settings, and SB3 is timed on the zoo's whole Hopper and Walker2d settings), on the Gymnasium twin of the env
+  settings, and SB3 is timed on the zoo's whole Hopper, Walker2d and Swimmer settings), on the Gymnasium twin of the env
   (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations (``SB3_TIMING_STEPS``) at 1 torch
   thread and at every core (fastrl picks between those per phase, see ``fastrl.trainer.torch_thread_counts``);
   ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's single run would take on this machine. (Rows
   from before 2026-12-03 22:30 UTC timed SB3 at 1 thread only, as fastrl then ran its populations.)
+- ``--sb3-seeds``: instead of the table, SB3 at those same settings trained to the budget (1 torch thread) and scored by
+  10 deterministic episodes (``train_sb3``): whether the zoo's figure holds for SB3 itself on this machine.
 - Learning curves: each seed's last-100 mean against its own env steps; the PNG shows the median with a band from the
   lowest to the highest seed.
 
@@ -75,6 +78,10 @@ ZOO_HOPPER = ONE_ENV + ZOO_RUN_SETTINGS + (
 ZOO_WALKER2D = ONE_ENV + ZOO_RUN_SETTINGS + (
     ("n_epochs", 20), ("n_minibatches", 16), ("lr", 5.05041e-5), ("gamma", 0.99), ("gae_lambda", 0.95),
     ("ent_coef", 0.000585045), ("vf_coef", 1.743846), ("max_grad_norm", 1.0), ("clip_coef", 0.1))
+# The zoo's whole Swimmer-v3 entry: 1 env x 2048 steps, minibatches of 64, SB3's other defaults, gamma 0.9999, the
+# TimeFeatureWrapper, observations normalized and rewards not (the config runs 8 x 256 without the time feature).
+ZOO_SWIMMER = (("n_envs", 1), ("n_steps", 2048), ("n_minibatches", 32), ("time_feature", True),
+               ("normalize_reward", False))
 ROWS = (
     ZooRow("ppo/cartpole", 100_000, 500.0, "CartPole-v1",
            zoo_settings=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
@@ -91,7 +98,7 @@ ROWS = (
     ZooRow("ppo/hopper", 1_000_000, 2410.0, "Hopper-v5", "2,383 ± 271", ZOO_HOPPER),
     ZooRow("ppo/walker2d", 1_000_000, 3479.0, "Walker2d-v5", "2,288 ± 572", ZOO_WALKER2D),
     ZooRow("ppo/ant", 1_000_000, 1327.0, "Ant-v5"),
-    ZooRow("ppo/swimmer", 1_000_000, 282.0, "Swimmer-v5"),
+    ZooRow("ppo/swimmer", 1_000_000, 282.0, "Swimmer-v5", zoo_settings=ZOO_SWIMMER),
     ZooRow("ppo/minigrid", 60_000, None, "MiniGrid-Empty-5x5-v0"),
     ZooRow("a2c/cartpole", 500_000, 500.0, "CartPole-v1"),
     ZooRow("impala/cartpole", 120_000, None, "CartPole-v1"),
@@ -186,6 +193,44 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
     sps = sps_by_threads[best]
     return {"sb3_sps": sps, "sb3_single_run_s": steps / sps, "sb3_timed_steps": model.num_timesteps,
             "sb3_threads": best, "sb3_sps_by_threads": {str(k): v for k, v in sps_by_threads.items()}}
+
+
+def train_sb3(row: ZooRow, steps: int, seed: int) -> dict:
+    """One SB3 run to the zoo's budget with the settings ``time_sb3`` times (the config's, ``row.zoo_settings`` over
+    them), at 1 torch thread, then the deterministic return of 10 episodes on its own env with the normalizer frozen:
+    does SB3 itself reach the zoo's figure on this machine?"""
+    import numpy as np
+    from benchmarks.peers import sb3_model
+    from fastrl.config import make_config
+    from fastrl.trainer import torch_threads
+    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_settings), "seed": seed},
+                      row.config)
+    load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with torch_threads(1):
+        model = sb3_model(cfg, max(1, steps // cfg.batch_size))
+        start = time.perf_counter()
+        model.learn(total_timesteps=steps)
+        train_s = time.perf_counter() - start
+        env = model.get_env()
+        if hasattr(env, "training"):  # VecNormalize: frozen statistics, raw rewards
+            env.training, env.norm_reward = False, False
+        returns, episode, obs = [], 0.0, env.reset()
+        while len(returns) < 10:
+            action, _ = model.predict(obs, deterministic=True)
+            obs, reward, done, _ = env.step(action)
+            raw = env.get_original_reward() if hasattr(env, "get_original_reward") else reward
+            episode += float(raw[0])
+            if done[0]:
+                returns.append(episode)
+                episode = 0.0
+        env.close()
+    return {"config": row.config, "gym_env": row.gym_env, "settings": dict(row.zoo_settings), "seed": seed,
+            "steps": model.num_timesteps, "train_s": train_s, "eval_returns": returns,
+            "eval_mean": float(np.mean(returns)),
+            "last100_mean": float(np.mean([e["r"] for e in model.ep_info_buffer])),
+            "zoo": row.zoo, "load_average_at_start": load, "started": started, "code": code_version(),
+            "command": f"python -m benchmarks.zoo --configs {row.config} --sb3-seeds {seed}"
+                       + (" --quick" if steps != row.steps else "")}
 
 
 def sb3_thread_counts() -> list[int]:
@@ -306,6 +351,13 @@ def collect(out: Path) -> list:
     return [found[r.config.replace("/", "_")] for r in ROWS if r.config.replace("/", "_") in found]
 
 
+def collect_sb3(out: Path) -> list:
+    """The ``--sb3-seeds`` runs kept under ``out/zoo_sb3/``, in table order, then by seed."""
+    order = {r.config: i for i, r in enumerate(ROWS)}
+    runs = [json.loads(p.read_text()) for p in sorted((out / "zoo_sb3").glob("*.json"))]
+    return sorted(runs, key=lambda r: (order.get(r["config"], len(order)), r["seed"]))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.zoo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", nargs="+", default=[r.config for r in ROWS], metavar="NAME",
@@ -319,6 +371,9 @@ def main(argv=None) -> int:
                         help="before each row, wait (up to --max-wait s) for the 1-minute load average to fall below "
                              "LOAD, so that rows run one after another each start on a quiet machine (0: no wait)")
     parser.add_argument("--max-wait", type=float, default=300.0, metavar="S")
+    parser.add_argument("--sb3-seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="instead of the table: train SB3 (the settings the table times it at) to the zoo's "
+                             "budget on these seeds and evaluate it, into DIR/<machine>/zoo_sb3/")
     args = parser.parse_args(argv)
     known = {r.config: r for r in ROWS}
     unknown = [c for c in args.configs if c not in known]
@@ -329,6 +384,22 @@ def main(argv=None) -> int:
     out = Path(args.out_dir).resolve() / machine_tag("cpu")
     if out.resolve() == (RESULTS_DIR / machine_tag("cpu")).resolve() and args.quick:
         parser.error("--quick results never go to the committed benchmarks/results: pass another --out-dir")
+    if args.sb3_seeds:
+        for name in args.configs:
+            for seed in args.sb3_seeds:
+                path = out / "zoo_sb3" / f"{name.replace('/', '_')}__seed{seed}.json"
+                if path.is_file() and not args.redo:
+                    print(f"# SB3 {name} seed {seed}: kept from an earlier run (--redo trains it afresh)", flush=True)
+                    continue
+                wait_for_quiet(args.quiet_below, args.max_wait)
+                r = train_sb3(known[name], QUICK_STEPS if args.quick else known[name].steps, seed)
+                write_json(r, path)
+                print(f"# SB3 {name} seed {seed}: eval {r['eval_mean']:.1f} (zoo {r['zoo']}), last-100 "
+                      f"{r['last100_mean']:.1f}, {r['train_s']:.0f} s -> {path}", flush=True)
+        if (out / "zoo.json").is_file():  # the table's report lists them (RESULTS.md, python -m benchmarks.report)
+            report = json.loads((out / "zoo.json").read_text())
+            write_json({**report, "sb3_runs": collect_sb3(out)}, out / "zoo.json")
+        return 0
     for name in args.configs:
         row = known[name]
         if (out / "zoo" / f"{name.replace('/', '_')}.json").is_file() and not args.redo:
@@ -342,7 +413,8 @@ def main(argv=None) -> int:
               f"SB3 single run {r.get('sb3_single_run_s') or r.get('sb3_skipped')}", flush=True)
     rows = collect(out)
     report = {"machine": machine_info("cpu"), "zoo_source": ZOO_SOURCE, "cleanrl_source": CLEANRL_SOURCE,
-              "sb3_thread_counts": sb3_thread_counts(), "rows": rows, "gpu_configs": GPU_CONFIGS}
+              "sb3_thread_counts": sb3_thread_counts(), "rows": rows, "gpu_configs": GPU_CONFIGS,
+              "sb3_runs": collect_sb3(out)}
     write_json(report, out / "zoo.json")
     print(table(rows))
     return 0

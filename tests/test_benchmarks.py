@@ -683,3 +683,31 @@ def test_default_process_runs_each_seed(tmp_path):
     text, _ = report.render(tmp_path, tmp_path / "RESULTS.md")
     assert "The default command's process time, tree against tree" in text and "8,192, 8,192" in text
     assert row["eval per seed"] == ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in measured["runs"])
+
+
+def test_zoo_sb3_run_trains_sb3_at_the_rows_settings_and_scores_raw_returns(monkeypatch):
+    """benchmarks.zoo --sb3-seeds: SB3 at the row's settings (zoo_settings over the config) to the budget, then 10
+    deterministic episodes whose returns are the raw, unnormalized ones."""
+    pytest.importorskip("stable_baselines3")
+    from benchmarks import zoo
+    from fastrl.config import make_config
+    swimmer = make_config({"env": "Swimmer-v5", "env_backend": "gymnasium", **dict(zoo.ZOO_SWIMMER)}, "ppo/swimmer")
+    assert (swimmer.n_envs, swimmer.batch_size, swimmer.minibatch_size, swimmer.gamma) == (1, 2048, 64, 0.9999)
+    assert swimmer.time_feature and swimmer.normalize_obs and not swimmer.normalize_reward
+    row = zoo.ZooRow("ppo/cartpole_zoo", 512, 500.0, "CartPole-v1", zoo_settings=(("normalize_reward", True),))
+    result = zoo.train_sb3(row, 512, seed=2)
+    assert result["steps"] >= 512 and result["seed"] == 2 and result["settings"] == {"normalize_reward": True}
+    # CartPole pays 1 a step: raw returns are whole episode lengths, at most 500, whatever the reward normalizer does
+    assert len(result["eval_returns"]) == 10
+    assert all(r == int(r) and 1 <= r <= 500 for r in result["eval_returns"])
+
+
+def test_report_lists_the_zoo_sb3_runs_beside_the_zoo_figure():
+    run = {"config": "ppo/swimmer", "gym_env": "Swimmer-v5", "seed": 1, "steps": 1_000_000, "eval_mean": 162.94,
+           "last100_mean": 161.4, "zoo": 282.0, "train_s": 698.0, "started": "2026-12-05T22:54:04+0000",
+           "load_average_at_start": [0.2, 0.1, 0.1], "code": "abc1234",
+           "command": "python -m benchmarks.zoo --configs ppo/swimmer --sb3-seeds 1"}
+    assert report.sb3_runs_lines([]) == []
+    text = "\n".join(report.sb3_runs_lines([run]))
+    assert "ppo/swimmer" in text and "Swimmer-v5" in text
+    assert "162.9" in text and "282.0" in text and "2026-12-05 22:54" in text and "--sb3-seeds 1" in text
