@@ -360,4 +360,7 @@ def test_first_line_names_the_config_the_run_used(tmp_path):
     first = proc.stderr.splitlines()[0]
     assert "Pendulum-v1" in first and "ppo/pendulum" in first, first
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert (saved["gamma"], saved["n_envs"]) == (0.9, 2)  # the tuned config's, under the flags
+    from fastrl.config import make_config
+    tuned = make_config(yaml_path="ppo/pendulum")
+    assert tuned.gamma != make_config().gamma  # the check below can tell the tuned config from the default
+    assert (saved["gamma"], saved["n_envs"]) == (tuned.gamma, 2)  # the tuned config's, under the flags
