@@ -162,12 +162,18 @@ def train_fastrl(row: ZooRow, seeds: int, steps: int, work: Path) -> dict:
             "command": " ".join(["python", *runs[0][1][1:]]).replace(str(work), "DIR")}
 
 
+def sb3_config(row: ZooRow, **overrides):
+    """The config SB3 runs for ``row``: the row's config on the Gymnasium twin, ``row.zoo_settings`` over it."""
+    from fastrl.config import make_config
+    return make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_settings), **overrides},
+                       row.config)
+
+
 def time_sb3(row: ZooRow, steps: int) -> dict:
     """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_settings``: the zoo's rollout
     shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over
     ``SB3_TIMING_STEPS`` (at least two iterations) and the single run's projected wall time at the zoo's budget."""
     from benchmarks.peers import sb3_model
-    from fastrl.config import make_config
     from fastrl.trainer import torch_threads
     algo = row.config.split("/")[0]
     if algo not in ("ppo", "a2c"):
@@ -178,7 +184,7 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
         gymnasium.make(row.gym_env).close()
     except Exception as e:  # noqa: BLE001 - a missing SB3, Box2D, MuJoCo or MiniGrid: the row says why
         return {"sb3_skipped": f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_settings)}, row.config)
+    cfg = sb3_config(row)
     timed = max(SB3_TIMING_STEPS, 2 * cfg.batch_size)
     sps_by_threads = {}
     for count in sb3_thread_counts():
@@ -201,10 +207,8 @@ def train_sb3(row: ZooRow, steps: int, seed: int) -> dict:
     does SB3 itself reach the zoo's figure on this machine?"""
     import numpy as np
     from benchmarks.peers import sb3_model
-    from fastrl.config import make_config
     from fastrl.trainer import torch_threads
-    cfg = make_config({"env": row.gym_env, "env_backend": "gymnasium", **dict(row.zoo_settings), "seed": seed},
-                      row.config)
+    cfg = sb3_config(row, seed=seed)
     load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with torch_threads(1):
         model = sb3_model(cfg, max(1, steps // cfg.batch_size))

@@ -685,13 +685,12 @@ def test_default_process_runs_each_seed(tmp_path):
     assert row["eval per seed"] == ", ".join(f"{r['learning']['eval_return_mean']:.0f}" for r in measured["runs"])
 
 
-def test_zoo_sb3_run_trains_sb3_at_the_rows_settings_and_scores_raw_returns(monkeypatch):
+def test_zoo_sb3_run_trains_sb3_at_the_rows_settings_and_scores_raw_returns():
     """benchmarks.zoo --sb3-seeds: SB3 at the row's settings (zoo_settings over the config) to the budget, then 10
     deterministic episodes whose returns are the raw, unnormalized ones."""
     pytest.importorskip("stable_baselines3")
     from benchmarks import zoo
-    from fastrl.config import make_config
-    swimmer = make_config({"env": "Swimmer-v5", "env_backend": "gymnasium", **dict(zoo.ZOO_SWIMMER)}, "ppo/swimmer")
+    swimmer = zoo.sb3_config(next(r for r in zoo.ROWS if r.config == "ppo/swimmer"))
     assert (swimmer.n_envs, swimmer.batch_size, swimmer.minibatch_size, swimmer.gamma) == (1, 2048, 64, 0.9999)
     assert swimmer.time_feature and swimmer.normalize_obs and not swimmer.normalize_reward
     row = zoo.ZooRow("ppo/cartpole_zoo", 512, 500.0, "CartPole-v1", zoo_settings=(("normalize_reward", True),))
