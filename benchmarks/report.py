@@ -324,8 +324,8 @@ def zoo_section(report: dict) -> list:
             f"single run: the budget at SB3's steps/s measured here with the same hyperparameters (the zoo's own "
             f"rollout shape where it differs; for ppo/hopper and ppo/walker2d, which run CleanRL's settings (Walker2d "
             f"with seven tuned values), and ppo/swimmer, the zoo's whole run), Gymnasium envs, at the faster of 1 "
-            f"torch thread and all cores (the count in brackets{one_thread_only}). Each row names its date and the load average at its start; "
-            f"machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span}{note} Curves (median, "
+            f"torch thread and all cores (the count in brackets{one_thread_only}). Each row names its date and the "
+            f"load average at its start; machine {info.get('cpu_model')}, {info.get('cpu_count', 2)} cores.{span}{note} Curves (median, "
             f"band from the lowest to the highest seed): `plots/zoo_<config>.png`.", "", table(report["rows"]),
             *sb3_runs_lines(report.get("sb3_runs") or [])]
 
