@@ -64,15 +64,12 @@ def build(name: str, k: int, seed: int = 0):
              torch.rand(k, rows, generator=gen) > 0.05)
     index = None if cfg.algo == "a2c" else torch.stack([torch.randperm(rows, generator=gen)[None] for _ in range(k)])
     hparams = {key: value.expand(k).clone() for key, value in member_hparams(cfg, "cpu").items()}
-    return Update(UpdateSpec.of(cfg), layout), params, batch, index, hparams
+    return UpdateSpec.of(cfg), layout, params, batch, index, hparams
 
 
 def contender(name: str, k: int, hand: bool, calls: int):
-    update, params, batch, index, hparams = build(name, k)
-    if not hand:
-        update.members_gradient = None
-    elif update.members_gradient is None:
-        raise RuntimeError(f"{name}: the hand-derived gradient does not apply")
+    spec, layout, params, batch, index, hparams = build(name, k)
+    update = Update(spec, layout, path="members_hand" if hand else "members_autograd")  # ValueError where it can't
     opt_state = update.init_opt_state(params)
     active, epoch_ends = torch.ones(k, dtype=torch.bool), torch.ones(1, dtype=torch.bool)
 

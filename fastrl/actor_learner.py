@@ -492,8 +492,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.layout.bind(self.agent, self.params[0])
         self.autocast = autocast_factory(device, cfg.amp)
         self.spec = UpdateSpec.of(cfg)
-        self.update_fn = Update(self.spec, self.layout, self.autocast)
-        self.update_fn.eager_agent = self.agent
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, 1, False, self.agent)
         self.opt_state = self.update_fn.init_opt_state(self.params)
         self.hparams = {key: value[None] for key, value in member_hparams(cfg, device).items()}
         self.obs_shape = obs_shape

@@ -49,8 +49,8 @@ from fastrl.precision import autocast_factory
 from fastrl.rollout import CompiledRolloutStep, has_fused_step, sampling_noise
 from fastrl.seeding import env_seed, member_generator, seed_process
 from fastrl.stacked import FlatLayout, MemberPolicy
-from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics, minibatch_index,
-                           stat_names)
+from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
+                           hand_gradient_applies, initial_opt_state, minibatch_index, stat_names)
 from fastrl.checkpoint import load_rng_state, rng_state
 
 def rank_n_envs(cfg: Config, world_size: int) -> int:
@@ -162,8 +162,7 @@ class Trainer:
         self.spec = UpdateSpec.of(cfg)
         if self.spec.algo == "ppo" and any(m.target_kl for m in self.members):  # per member, in hparams
             self.spec = dataclasses.replace(self.spec, target_kl=max(float(m.target_kl) for m in self.members))
-        self.update_fn = Update(self.spec, self.layout, self.autocast)
-        self.opt_state = self.update_fn.init_opt_state(self.params)
+        self.opt_state = initial_opt_state(self.spec, self.params)
         self.hparams = {key: torch.zeros(k, dtype=torch.float64 if key == "lr" else torch.float32, device=self.device)
                         for key in (*HPARAM_KEYS, "target_kl")}
         self.lr_scales = [1.0] * k
@@ -207,7 +206,7 @@ class Trainer:
         gradient_steps = self.n_iterations * self.spec.n_steps
         self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
                                  self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled, members=k,
-                                 hand_gradient=self.update_fn.members_gradient is not None)
+                                 hand_gradient=k > 1 and hand_gradient_applies(self.spec, self.layout, self.autocast))
         # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
         # compiling it to save 2 s of forwards (2026-12-04).
@@ -224,8 +223,7 @@ class Trainer:
             self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), self.env.action_spec,
                                                     rollout_mode, env=self.env, draw_noise=self.draw_noise)
         update_mode, per_call = self.plan.update, self.plan.steps_per_call
-        if update_mode == "off" and k == 1:
-            self.update_fn.eager_agent = self.agent
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent)
         self.steps_per_call = per_call
         spec = self.spec
         self._epoch_ends = {first: epoch_end_mask(first, min(per_call, spec.n_steps - first), spec.n_minibatches,
@@ -611,6 +609,7 @@ class Trainer:
     def summary_extras(self) -> dict:
         out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
         out["compiled"]["rollout"] = self.rollout_mode
+        out["compiled"]["step_path"] = self.update_fn.path
         if self.n_members > 1:
             out.update(n_envs_per_member=self.n_envs, n_members=self.n_members)
         return out

@@ -29,10 +29,10 @@ from them (``fastrl.impala``; never differentiated):
 - APPO: V-trace once per batch with the weights before the update, then PPO's steps (the ratio against the behaviour
   policy) over the ``[T * N]`` rows, ``minibatch_index`` as PPO's.
 
-Eagerly, K members also run without an outer vmap: ``Update.steps`` on ``[K, P]`` parameters (``[K, ...]`` batches,
-``[K]`` hyperparameters) takes the members' losses through one vmapped forward and one backward of their sum (an MLP
-actor-critic: its loss and gradient derived by hand, ``fastrl.mlp_gradient``), and the clip, guard and optimizer math
-broadcast over the member axis: the same ops as one member, on bigger tensors.
+How each step computes its gradient is chosen once, when the update is built, by ``step_path`` (a pure function of
+the config and the shapes; tests/test_update.py lists every case). Eagerly, K members run without an outer vmap:
+``Update.steps`` on ``[K, P]`` parameters (``[K, ...]`` batches, ``[K]`` hyperparameters), the clip, guard and
+optimizer math broadcast over the member axis: the same ops as one member, on bigger tensors.
 
 ``Update.steps`` runs a slice of the minibatch steps (the trainer puts ``compile_plan(...).steps_per_call`` of them
 in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves, between which torchrun
@@ -115,29 +115,66 @@ def member_hparams(cfg, device, lr: float | None = None, clip_coef: float | None
             "max_grad_norm": torch.tensor(float(cfg.max_grad_norm), device=device)}
 
 
-class Update:
-    """The update of ``spec`` for the agents shaped like ``layout``'s (see the module docstring)."""
+# How a minibatch step computes its gradient: one of these per run, chosen by ``step_path`` when the update is built.
+STEP_PATHS = ("functional", "module", "members_hand", "members_autograd")
 
-    def __init__(self, spec: UpdateSpec, layout: FlatLayout, autocast=nullcontext):
-        self.spec, self.layout, self.autocast = spec, layout, autocast
+
+def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: bool) -> str:
+    """The one dispatch point of the minibatch step: a pure function of the config and the shapes.
+
+    - ``functional``: ``torch.func.grad_and_value`` over the flat weights' views, ``vmap``'d over K members. The only
+      path under ``torch.compile`` (and so in CUDA graphs); also K = 1 eager under fp16 loss scaling.
+    - ``module``: K = 1, eager: ``torch.autograd`` through the agent module whose parameters are views of the flat
+      weights (``FlatLayout.bind``); about half of torch.func's per-step cost eagerly.
+    - ``members_hand``: K > 1, eager, an MLP actor-critic with PPO or A2C in float32 (``hand_gradient``:
+      ``MembersMLPGradient.supports``): the loss and gradient derived by hand (``fastrl.mlp_gradient``, twin-tested
+      against ``members_autograd`` by tests/test_mlp_gradient.py). Figure: ``python -m benchmarks.population_step``,
+      3 members' eager step, 2-core Intel Xeon, 2026-12-05: about 2x autograd's (CartPole zoo settings, minibatch 256).
+    - ``members_autograd``: K > 1, eager, anything else: one batched forward of all members and one backward of their
+      summed losses (member m's weights reach only member m's loss).
+    torchrun adds only a gradient all-reduce between ``Update.gradient`` and ``Update.apply`` (same paths).
+    """
+    if compiled:
+        return "functional"
+    if members == 1:
+        return "functional" if loss_scaling else "module"
+    return "members_hand" if hand_gradient else "members_autograd"
+
+
+def hand_gradient_applies(spec: UpdateSpec, layout: FlatLayout, autocast) -> bool:
+    """Whether ``fastrl.mlp_gradient``'s hand-derived gradient covers this agent and update (``step_path``'s input)."""
+    return MembersMLPGradient.supports(layout.agent, spec.algo, autocast is nullcontext, spec.loss_scaling)
+
+
+class Update:
+    """The update of ``spec`` for the agents shaped like ``layout``'s (see the module docstring), each minibatch step
+    computed the way ``path`` names (``step_path``); ``agent`` is the module the ``module`` path differentiates."""
+
+    def __init__(self, spec: UpdateSpec, layout: FlatLayout, autocast=nullcontext, path: str = "functional",
+                 agent: torch.nn.Module | None = None):
+        if path not in STEP_PATHS:
+            raise ValueError(f"unknown step path {path!r}; one of {STEP_PATHS}")
+        if (path == "module") != (agent is not None):
+            raise ValueError("the module path, and only it, takes the agent module")
+        self.spec, self.layout, self.autocast, self.path = spec, layout, autocast, path
         self.constants = dict(spec.constants)
-        # Eager, one member: the same loss through the agent module (whose parameters are views of the flat weights,
-        # ``FlatLayout.bind``) and torch.autograd, which costs about half of torch.func's transforms per step.
-        self.eager_agent = None
-        # Eager, K members of an MLP actor-critic: the loss and its gradient derived by hand (fastrl.mlp_gradient),
-        # about a third of autograd's ops per step. None: autograd through the batched forward.
-        self.members_gradient = (
-            MembersMLPGradient(layout, spec.algo, spec.clip_vloss, spec.norm_adv)
-            if layout.batched and MembersMLPGradient.supports(layout.agent, spec.algo, autocast is nullcontext,
-                                                              spec.loss_scaling) else None)
+        self.eager_agent = agent
+        self.members_gradient = None
+        if path == "members_hand":
+            if not hand_gradient_applies(spec, layout, autocast):
+                raise ValueError("the hand-derived gradient does not apply to this agent or update")
+            self.members_gradient = MembersMLPGradient(layout, spec.algo, spec.clip_vloss, spec.norm_adv)
+
+    @classmethod
+    def for_run(cls, spec: UpdateSpec, layout: FlatLayout, autocast, members: int, compiled: bool,
+                agent: torch.nn.Module) -> "Update":
+        """The update a run of ``members`` members takes, compiled or not: its path from ``step_path``."""
+        path = step_path(members, compiled, spec.loss_scaling, members > 1 and hand_gradient_applies(spec, layout, autocast))
+        return cls(spec, layout, autocast, path, agent if path == "module" else None)
 
     def init_opt_state(self, params: torch.Tensor) -> dict:
         """Zero optimizer state for ``params [..., P]`` (and the fp16 loss scale)."""
-        state = init_state(self.spec.optimizer, params)
-        if self.spec.loss_scaling:
-            state["loss_scale"] = torch.full(params.shape[:-1], 2.0 ** 16, device=params.device)
-            state["good_steps"] = torch.zeros(params.shape[:-1], device=params.device)
-        return state
+        return initial_opt_state(self.spec, params)
 
     # ------------------------------------------------------------------ one step's halves
     def loss(self, params, minibatch: tuple, hparams: dict):
@@ -187,7 +224,7 @@ class Update:
         outputs, the loss's gradient with respect to those outputs, and pulls that back to the weights."""
         observation, bootstrap_observation, action = minibatch[:3]
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
-        if self.eager_agent is not None and scale is None and not torch.compiler.is_compiling():
+        if self.path == "module":
             with torch.enable_grad():
                 target_logp, entropy, value = learner_forward(self.eager_agent.get_action_and_value, observation,
                                                               bootstrap_observation, action, self.autocast)
@@ -212,39 +249,25 @@ class Update:
         return (grad if scale is None else grad / scale), loss.detach(), stats
 
     def gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
-        """``(grad [P], loss, stats)``: the loss's gradient (unscaled again under fp16 loss scaling)."""
+        """``(grad [P], loss, stats)`` (``[K, P]`` etc. for K members): the loss's gradient, by ``self.path``
+        (unscaled again under fp16 loss scaling)."""
         if self.spec.algo == "impala":
             return self.vtrace_gradient(params, opt_state, minibatch, hparams)
-        if self.eager_agent is not None and not self.spec.loss_scaling and not torch.compiler.is_compiling():
+        if self.path == "module":
             with torch.enable_grad():
                 loss, stats = self.loss(None, minibatch, hparams)
                 grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
             return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
-        scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
-        if params.dim() == 2 and self.members_gradient is not None and not torch.compiler.is_compiling():
+        if self.path == "members_hand":
             return self.members_gradient(params, minibatch, hparams)
-        if params.dim() == 2 and not torch.compiler.is_compiling():
-            # K members, eagerly: one forward of all members (batched matmuls for an MLP), their losses, and one
-            # backward of the losses' sum (member m's weights reach only member m's loss), instead of torch.func's
-            # per-member transforms.
-            with torch.enable_grad():
-                weights, views = params.detach(), None
-                if self.layout.batched:
-                    # Differentiated with respect to each parameter's [K, *shape] view, concatenated after: the
-                    # gradient with respect to [K, P] itself would add one zero-padded [K, P] slice per parameter.
-                    leaves = views = [view.requires_grad_() for view in self.layout.member_views(weights)]
-                else:
-                    leaves = [weights.requires_grad_()]
-                with self.autocast():
-                    _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2],
-                                                                       views=views)
-                loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
-                total = (loss * scale).sum() if scale is not None else loss.sum()
-                grads = torch.autograd.grad(total, leaves)
-                grad = grads[0] if len(grads) == 1 else torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
-            return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
+        if self.path == "members_autograd":
+            return self._members_autograd_gradient(params, opt_state, minibatch, hparams)
+        return self._functional_gradient(params, opt_state, minibatch, hparams)
+
+    def _functional_gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
         if params.dim() == 2:
-            return vmap(self.gradient)(params, opt_state, minibatch, hparams)
+            return vmap(self._functional_gradient)(params, opt_state, minibatch, hparams)
+        scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
         # Differentiated with respect to each parameter's view, then concatenated (``FlatLayout.flat_gradient``).
         views = self.layout.views(params)
         if scale is None:
@@ -256,6 +279,27 @@ class Update:
             return loss * scale, (loss, stats)
         grads, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(views)
         return self.layout.flat_gradient(grads) / scale, loss, stats
+
+    def _members_autograd_gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
+        """K members eagerly: one forward of all members (batched matmuls for an MLP), their losses, and one backward
+        of the losses' sum (member m's weights reach only member m's loss)."""
+        scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
+        with torch.enable_grad():
+            weights, views = params.detach(), None
+            if self.layout.batched:
+                # Differentiated with respect to each parameter's [K, *shape] view, concatenated after: the gradient
+                # with respect to [K, P] itself would add one zero-padded [K, P] slice per parameter.
+                leaves = views = [view.requires_grad_() for view in self.layout.member_views(weights)]
+            else:
+                leaves = [weights.requires_grad_()]
+            with self.autocast():
+                _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2],
+                                                                   views=views)
+            loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
+            total = (loss * scale).sum() if scale is not None else loss.sum()
+            grads = torch.autograd.grad(total, leaves)
+            grad = grads[0] if len(grads) == 1 else torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
+        return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
 
     def apply(self, params, opt_state: dict, grad, loss, hparams: dict, keep=None):
         """Clip, guard and optimizer math, out of place: ``(params, opt_state, grad_norm, nonfinite, applied)``.
@@ -310,7 +354,7 @@ class Update:
         time-major input, and the rows of ``bootstrap_observation``)."""
         if index is None:
             return batch
-        if index.dim() == 3 and index.shape[-1] == batch[0].shape[1] and self.members_gradient is not None:
+        if index.dim() == 3 and index.shape[-1] == batch[0].shape[1] and self.path == "members_hand":
             # K members' hand-derived gradient on a minibatch of every row: its means and sums do not depend on the
             # rows' order (up to rounding), so the shuffled copy is skipped.
             return batch
@@ -335,8 +379,7 @@ class Update:
             return tuple(batch[key] for key in LOSS_KEYS), {}
         learner_inputs = tuple(batch[key] for key in VTRACE_KEYS)
         observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
-        eager = self.eager_agent is not None and not torch.compiler.is_compiling()
-        policy = (self.eager_agent.get_action_and_value if eager
+        policy = (self.eager_agent.get_action_and_value if self.path == "module"
                   else partial(self.layout.call, "get_action_and_value", params))
         with torch.no_grad():
             target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast)
@@ -374,6 +417,15 @@ class Update:
                 opt_state[key].copy_(value)
             sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
         return {**finish_metrics(sums), **stats}
+
+
+def initial_opt_state(spec: UpdateSpec, params: torch.Tensor) -> dict:
+    """Zero optimizer state of ``spec``'s optimizer for ``params [..., P]`` (and the fp16 loss scale)."""
+    state = init_state(spec.optimizer, params)
+    if spec.loss_scaling:
+        state["loss_scale"] = torch.full(params.shape[:-1], 2.0 ** 16, device=params.device)
+        state["good_steps"] = torch.zeros(params.shape[:-1], device=params.device)
+    return state
 
 
 @lru_cache(maxsize=16)

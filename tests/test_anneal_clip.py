@@ -5,6 +5,7 @@ import torch
 import fastrl.compile
 from fastrl.config import UserError, make_config
 from fastrl.trainer import Trainer
+from fastrl.update import Update
 
 TINY = dict(n_envs=2, n_steps=8, total_steps=64, n_epochs=2, n_minibatches=2, device="cpu", progress=False,
             tensorboard=False, wandb="disabled", eval_episodes=0, compile="off", clip_coef=0.2)  # 4 iterations
@@ -47,7 +48,7 @@ def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
             trainers.append(trainer)
             trainer.iteration = 2
             if path == "functional":
-                trainer.update_fn.eager_agent = None
+                trainer.update_fn = Update(trainer.spec, trainer.layout, trainer.autocast, "functional")
             trainer.collect()
         annealed, fixed = trainers
         for key in ("observation", "action", "sample_log_prob"):

@@ -117,8 +117,7 @@ def _learner_update(cfg, agent, batch, boot, seed=0):
     layout = FlatLayout(agent)
     params = layout.flatten(agent)
     layout.bind(agent, params)
-    update = Update(UpdateSpec.of(cfg), layout)
-    update.eager_agent = agent
+    update = Update(UpdateSpec.of(cfg), layout, path="module", agent=agent)
     inputs, _ = _learner_inputs(cfg, batch, boot, seed)
     metrics = update.in_place(params, update.init_opt_state(params), inputs, member_hparams(cfg, "cpu"))
     return params, metrics

@@ -2,13 +2,15 @@
 the batched forward (``fastrl.stacked.members_actor_critic``) and ``kernels.ppo_loss`` / ``pg_loss``."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
 from fastrl.envs import ActionSpec
 from fastrl.models import ActorCritic
 from fastrl.stacked import FlatLayout
-from fastrl.update import Update, UpdateSpec
+from fastrl.update import Update, UpdateSpec, hand_gradient_applies
 
 K, B, OBS = 3, 48, 5
 DISCRETE = ActionSpec(kind="discrete", n=3, shape=())
@@ -64,11 +66,9 @@ def _hparams():
 
 
 def _both(spec, layout, params, minibatch):
-    update = Update(spec, layout)
-    assert update.members_gradient is not None
-    fast = update.gradient(params, {}, minibatch, _hparams())
-    update.members_gradient = None  # the twin: autograd through the batched forward
-    twin = update.gradient(params, {}, minibatch, _hparams())
+    fast = Update(spec, layout, path="members_hand").gradient(params, {}, minibatch, _hparams())
+    # the twin: autograd through the batched forward
+    twin = Update(spec, layout, path="members_autograd").gradient(params, {}, minibatch, _hparams())
     return fast, twin
 
 
@@ -110,11 +110,11 @@ def test_masked_rows_do_not_reach_the_gradient_even_when_they_hold_nan():
     layout, params = _members(DISCRETE)
     minibatch = list(_minibatch(layout, params, DISCRETE))
     valid = minibatch[-1]
-    grad, loss, _ = Update(_spec("ppo", True, True), layout).gradient(params, {}, tuple(minibatch), _hparams())
+    grad, loss, _ = Update(_spec("ppo", True, True), layout, path="members_hand").gradient(params, {}, tuple(minibatch), _hparams())
     for i in (2, 3, 4, 5):  # old log-prob, advantage, old value, value target of the masked-out rows
         minibatch[i] = torch.where(valid, minibatch[i], torch.full_like(minibatch[i], float("nan")))
-    poisoned, poisoned_loss, _ = Update(_spec("ppo", True, True), layout).gradient(params, {}, tuple(minibatch),
-                                                                                    _hparams())
+    poisoned, poisoned_loss, _ = Update(_spec("ppo", True, True), layout, path="members_hand").gradient(
+        params, {}, tuple(minibatch), _hparams())
     assert torch.isfinite(poisoned).all() and torch.isfinite(poisoned_loss).all()
     torch.testing.assert_close(poisoned, grad, rtol=1e-6, atol=1e-7)
 
@@ -125,7 +125,9 @@ def test_other_agents_take_the_autograd_path(kind):
         agent = ActorCritic((OBS,), DISCRETE, hidden_sizes=(8,), activation="elu")
     else:
         agent = ActorCritic((OBS,), ActionSpec(kind="discrete", n=5, shape=(2,), nvec=(2, 3)), hidden_sizes=(8,))
-    assert Update(_spec("ppo", False, True), FlatLayout(agent)).members_gradient is None
+    layout = FlatLayout(agent)
+    assert not hand_gradient_applies(_spec("ppo", False, True), layout, nullcontext)
+    assert Update.for_run(_spec("ppo", False, True), layout, nullcontext, 3, False, agent).path == "members_autograd"
 
 
 def test_steps_on_one_minibatch_of_every_row_match_autograd_on_the_shuffled_rows():
@@ -139,9 +141,7 @@ def test_steps_on_one_minibatch_of_every_row_match_autograd_on_the_shuffled_rows
     spec = _spec("ppo", False, True)
     results = []
     for hand in (True, False):
-        update = Update(spec, layout)
-        if not hand:
-            update.members_gradient = None
+        update = Update(spec, layout, path="members_hand" if hand else "members_autograd")
         opt_state = update.init_opt_state(params)
         out = update.steps(params.clone(), opt_state, batch, index, _hparams(), torch.ones(K, dtype=torch.bool),
                            torch.ones(4, dtype=torch.bool))

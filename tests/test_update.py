@@ -99,8 +99,7 @@ def test_the_eager_autograd_path_equals_the_functional_one():
     layout = FlatLayout(agent)
     params = layout.flatten(agent)
     layout.bind(agent, params)
-    update = Update(UpdateSpec.of(cfg), layout)
-    update.eager_agent = agent
+    update = Update(UpdateSpec.of(cfg), layout, path="module", agent=agent)
     state = update.init_opt_state(params)
     hparams = member_hparams(cfg, "cpu")
     inputs = tuple(batch[k] for k in LOSS_KEYS)
@@ -347,3 +346,48 @@ def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
         lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         rows.append([{k: v for k, v in row.items() if k.startswith(("losses/", "charts/episodic"))} for row in lines])
     assert rows[0] == rows[1] and len(rows[0]) >= 4
+
+
+# The one dispatch point: (members, compiled, fp16 loss scaling, hand gradient applies) -> the step's path.
+STEP_PATH_TABLE = [
+    ((1, False, False, False), "module"),  # a single eager run: autograd through the agent module
+    ((1, False, True, False), "functional"),  # fp16 loss scaling (CUDA) eagerly
+    ((1, True, False, False), "functional"),  # compiled (CPU inductor, CUDA graphs)
+    ((1, True, True, False), "functional"),
+    ((3, False, False, True), "members_hand"),  # an eager MLP population: the hand-derived gradient
+    ((3, False, False, False), "members_autograd"),  # an eager population of another model (CNN, ELU, MultiDiscrete)
+    ((3, False, True, False), "members_autograd"),
+    ((3, True, False, True), "functional"),  # a compiled population: vmap of the functional step
+    ((16, True, False, False), "functional"),
+]
+
+
+@pytest.mark.parametrize("case, path", STEP_PATH_TABLE, ids=[str(case) for case, _ in STEP_PATH_TABLE])
+def test_step_path_is_a_pure_function_of_the_config_and_shapes(case, path):
+    from fastrl.update import step_path
+    assert step_path(*case) == path
+
+
+@pytest.mark.parametrize("overrides, path", [
+    (dict(), "module"), (dict(compile="default"), "functional"), (dict(n_seeds=3), "members_hand"),
+    (dict(n_seeds=3, compile="default"), "functional"), (dict(n_seeds=2, activation="elu"), "members_autograd"),
+    (dict(n_seeds=2, algo="a2c", n_epochs=1, n_minibatches=1), "members_hand")])
+def test_the_trainer_records_the_path_its_config_takes(overrides, path):
+    """The trainer builds its update through ``step_path`` and records the path in summary.json (``compiled``)."""
+    from fastrl.trainer import Trainer
+    cfg = make_config({"env": "CartPole-v1", "n_envs": 2, "n_steps": 8, "total_steps": 64, "device": "cpu", **overrides})
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.update_fn.path == path
+        assert trainer.summary_extras()["compiled"]["step_path"] == path
+        assert (trainer.update_fn.eager_agent is trainer.agent) == (path == "module")
+    finally:
+        trainer.close()
+
+
+def test_a_path_that_does_not_apply_is_refused_at_construction():
+    cfg, agent = _setup(activation="elu")
+    with pytest.raises(ValueError, match="hand-derived"):
+        Update(UpdateSpec.of(cfg), FlatLayout(agent), path="members_hand")
+    with pytest.raises(ValueError, match="module path"):
+        Update(UpdateSpec.of(cfg), FlatLayout(agent), path="module")
