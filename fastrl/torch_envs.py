@@ -30,7 +30,8 @@ from fastrl.envs import ActionSpec, EnvStep, EpisodeStats
 class TorchEnvSpec:
     """One torch-native env: its ``fastrl.torch_classic`` functions (``reset``, ``dynamics``, ``observe``), the
     physics width ``state_width``, the U(0, 1) draws one reset takes (``reset_draws``), ``observation_shape``,
-    ``action_spec`` and Gymnasium's ``max_episode_steps``."""
+    ``action_spec`` (a continuous one: a Box whose entries share one low and one high bound) and Gymnasium's
+    ``max_episode_steps``."""
     reset: Callable
     dynamics: Callable
     observe: Callable
@@ -74,11 +75,8 @@ def env_step(spec: TorchEnvSpec, physics: torch.Tensor, elapsed: torch.Tensor, p
     bool, valid [N] bool)``: the new state (``done = terminated | truncated`` is the next call's ``prev_done``), then
     the step's outputs as ``fastrl.envs.EnvStep`` defines them.
     """
-    actions = spec.action_spec
-    if actions.kind == "continuous":
-        low = torch.tensor(actions.low, dtype=action.dtype, device=action.device).view(actions.shape)
-        high = torch.tensor(actions.high, dtype=action.dtype, device=action.device).view(actions.shape)
-        action = torch.minimum(torch.maximum(action, low), high)
+    if spec.action_spec.kind == "continuous":
+        action = action.clamp(spec.action_spec.low[0], spec.action_spec.high[0])
     stepped, reward, reached = spec.dynamics(physics, action, elapsed == 0)
     valid = ~prev_done
     physics = torch.where(prev_done.unsqueeze(-1), spec.reset(reset_uniform), stepped)

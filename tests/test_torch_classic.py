@@ -9,7 +9,7 @@ import gymnasium
 import numpy as np
 import pytest
 import torch
-from conftest import QUIET, train_main
+from conftest import QUIET, median_of_seeds, train_main
 
 from fastrl.config import make_config
 from fastrl.envs import resolve_backend
@@ -292,3 +292,35 @@ def test_train_command_on_a_continuous_torch_env(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["episodes"] > 0 and -2000 < summary["episode_return_mean"] < 0
     assert -2000 < summary["eval_return_mean"] < 0
+
+
+def _gymnasium_returns(agent, env_id, episodes, seed):
+    """Returns of ``agent``'s deterministic policy on Gymnasium's own env (``gymnasium.make``), one episode at a time."""
+    env = gymnasium.make(env_id)
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(agent.act(obs))
+            total, done = total + reward, terminated or truncated
+        returns.append(total)
+    return np.array(returns)
+
+
+@pytest.mark.learning
+def test_policy_trained_on_the_torch_env_scores_alike_on_gymnasium(tmp_path):
+    """The default CartPole-v1 run on env_backend torch, then its policy on the torch env and on Gymnasium's: the
+    median of seeds scores >= 400 on both (a random policy: ~22), within 100 of each other."""
+    import fastrl
+
+    def run(seed):
+        agent = fastrl.train("CartPole-v1", env_backend="torch", seed=seed, run_dir=str(tmp_path / str(seed)),
+                             eval_seeds=1, progress=False, tensorboard=False, wandb="disabled", plot=False,
+                             quiet=True).agent
+        on_torch = agent.evaluate(episodes=5).mean()
+        on_gymnasium = _gymnasium_returns(agent, "CartPole-v1", 5, seed=100 * seed).mean()
+        return {"torch": on_torch, "gymnasium": on_gymnasium, "gap": abs(on_torch - on_gymnasium)}
+
+    median, values = median_of_seeds(run)
+    assert median["torch"] >= 400 and median["gymnasium"] >= 400 and median["gap"] <= 100, values

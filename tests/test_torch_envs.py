@@ -1,5 +1,6 @@
-"""The torch-native CartPole (env_backend torch; the rest of the suite: test_torch_classic.py): Gymnasium's dynamics step for step, the batched env contract
-(auto-reset mask, truncation, statistics) beside EnvPool's, determinism, torch.compile, and the config path."""
+"""The torch-native CartPole (env_backend torch): Gymnasium's dynamics step for step, the batched env contract
+(auto-reset mask, truncation, statistics) beside EnvPool's, determinism, torch.compile, and the config path. The
+rest of the suite: test_torch_classic.py."""
 import functools
 
 import gymnasium
