@@ -12,7 +12,7 @@ import torch
 from conftest import QUIET, median_of_seeds, train_main
 
 from fastrl.config import make_config
-from fastrl.envs import resolve_backend
+from fastrl.envs import BatchedEnv, resolve_backend
 from fastrl.torch_classic import ACROBOT_MAX_VEL_1, ACROBOT_MAX_VEL_2, THETA_THRESHOLD, X_THRESHOLD
 from fastrl.torch_envs import TORCH_ENVS, TorchEnv, env_step
 
@@ -247,10 +247,33 @@ def test_compiled_step_matches_eager(env_id):
     assert resets >= 32, "the run must cover reset steps"
 
 
-def test_backend_selection():
-    """``env_backend torch`` takes every id of the suite; ``auto`` keeps EnvPool for them."""
+@pytest.mark.parametrize("env_id", ["Acrobot-v1", "Pendulum-v1"])
+def test_member_blocks_replay_their_single_runs(env_id):
+    """A population's env (K = 2 blocks of n): member m's block steps as the single run seeded ``seed + m * n``,
+    resets included."""
+    n, gen = 3, torch.Generator().manual_seed(0)
+    population = TorchEnv(env_id, 2 * n, seed=5, n_members=2, env_kwargs={"max_episode_steps": 8})
+    singles = [TorchEnv(env_id, n, seed=5 + m * n, env_kwargs={"max_episode_steps": 8}) for m in range(2)]
+    assert torch.equal(population.reset(), torch.cat([single.reset() for single in singles]))
+    for _ in range(20):
+        action = _random_actions(population.spec, 2 * n, gen)
+        step = population.step(action)
+        single_steps = [single.step(part) for single, part in zip(singles, action.chunk(2), strict=True)]
+        for field in ("observation", "reward", "terminated", "truncated", "valid"):
+            assert torch.equal(getattr(step, field), torch.cat([getattr(s, field) for s in single_steps])), field
+    assert population.stats.count == 2 * 2 * n, "every env must have finished two episodes (and reset in between)"
+
+
+def test_backend_selection_and_spaces():
+    """``env_backend torch`` takes every id of the suite, ``auto`` keeps EnvPool for them; each torch env describes
+    its observations and actions (Box bounds included) as the Gymnasium backend describes Gymnasium's env."""
     for env_id in ENV_IDS + ["CartPole-v0"]:
         assert resolve_backend(env_id, "torch") == "torch" and resolve_backend(env_id) == "envpool"
+        torch_env, gym_env = BatchedEnv(env_id, 1, 0, "torch"), BatchedEnv(env_id, 1, 0, "gymnasium")
+        assert isinstance(torch_env, TorchEnv) and torch_env.action_spec == gym_env.action_spec
+        assert tuple(torch_env.observation_shape) == tuple(gym_env.observation_shape)
+        assert torch_env.observation_dtype == gym_env.observation_dtype == torch.float32
+        gym_env.close()
     assert set(TORCH_ENVS) == set(ENV_IDS) | {"CartPole-v0"}
 
 
