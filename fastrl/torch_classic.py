@@ -6,7 +6,7 @@ Each env is three pure functions over a float64 physics state ``[N, S]``:
 - ``<env>_dynamics(physics, action, fresh) -> (physics, reward [N] float64, reached [N] bool)``: the unwrapped
   Gymnasium env's ``step`` (``reached`` is its ``terminated``; the time limit is the caller's). ``fresh [N]`` bool:
   no step taken since the reset (only MountainCarContinuous reads it);
-- ``<env>_observe(physics) -> observation [N, D]`` float32.
+- ``<env>_observe(physics) -> observation [N, D]`` float32 (``state_observation`` where it is the state itself).
 
 The arithmetic follows Gymnasium's op for op, in float64 where NumPy computes in float64. Where NumPy computes in
 float32 (MountainCarContinuous keeps a float32 state; the float32 actions of Pendulum and MountainCarContinuous meet
@@ -76,7 +76,8 @@ def cartpole_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.
     return stepped, torch.ones_like(x), fallen
 
 
-def cartpole_observe(physics: torch.Tensor) -> torch.Tensor:
+def state_observation(physics: torch.Tensor) -> torch.Tensor:
+    """The physics state itself, as float32 (CartPole, MountainCar)."""
     return physics.float()
 
 
@@ -197,10 +198,6 @@ def mountain_car_continuous_dynamics(physics: torch.Tensor, action: torch.Tensor
     return torch.stack((position, velocity), dim=-1), reward, reached
 
 
-def mountain_car_observe(physics: torch.Tensor) -> torch.Tensor:
-    return physics.float()
-
-
 # ---------------------------------------------------------------------------------------------------- Pendulum-v1
 PENDULUM_MAX_SPEED = 8.0
 PENDULUM_MAX_TORQUE = 2.0
@@ -219,14 +216,15 @@ def pendulum_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.
     terminates."""
     th, thdot = physics.unbind(-1)
     u = action[:, 0].double()
+    g, m, length, dt = 10.0, 1.0, 1.0, PENDULUM_DT
     # NumPy's float64 % (fmod, then the divisor added to a negative remainder), exact where a floor-based one is not
     turn = 2 * math.pi
     remainder = torch.fmod(th + math.pi, turn)
     normalized = torch.where(remainder < 0, remainder + turn, remainder) - math.pi
     costs = normalized**2 + 0.1 * thdot**2 + _f32(_TORQUE_COST_F32 * _f32(u * u))
-    newthdot = thdot + (3 * 10.0 / (2 * 1.0) * torch.sin(th) + _f32(3.0 / (1.0 * 1.0**2) * u)) * PENDULUM_DT
+    newthdot = thdot + (3 * g / (2 * length) * torch.sin(th) + _f32(3.0 / (m * length**2) * u)) * dt
     newthdot = newthdot.clamp(-PENDULUM_MAX_SPEED, PENDULUM_MAX_SPEED)
-    newth = th + newthdot * PENDULUM_DT
+    newth = th + newthdot * dt
     return torch.stack((newth, newthdot), dim=-1), -costs, torch.zeros_like(th, dtype=torch.bool)
 
 

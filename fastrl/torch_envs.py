@@ -42,23 +42,28 @@ class TorchEnvSpec:
     max_episode_steps: int
 
 
-_CARTPOLE = dict(reset=classic.cartpole_reset, dynamics=classic.cartpole_dynamics, observe=classic.cartpole_observe,
+_CARTPOLE = dict(reset=classic.cartpole_reset, dynamics=classic.cartpole_dynamics, observe=classic.state_observation,
                  state_width=4, reset_draws=4, observation_shape=(4,), action_spec=ActionSpec("discrete", n=2))
-_MOUNTAIN_CAR = dict(reset=classic.mountain_car_reset, observe=classic.mountain_car_observe, state_width=2,
+_MOUNTAIN_CAR = dict(reset=classic.mountain_car_reset, observe=classic.state_observation, state_width=2,
                      reset_draws=1, observation_shape=(2,))
 TORCH_ENVS = {
     "CartPole-v1": TorchEnvSpec(**_CARTPOLE, max_episode_steps=500),
     "CartPole-v0": TorchEnvSpec(**_CARTPOLE, max_episode_steps=200),
-    "Acrobot-v1": TorchEnvSpec(classic.acrobot_reset, classic.acrobot_dynamics, classic.acrobot_observe, 4, 4, (6,),
-                               ActionSpec("discrete", n=3), 500),
-    "MountainCar-v0": TorchEnvSpec(**_MOUNTAIN_CAR, dynamics=classic.mountain_car_dynamics,
-                                   action_spec=ActionSpec("discrete", n=3), max_episode_steps=200),
+    "Acrobot-v1": TorchEnvSpec(
+        reset=classic.acrobot_reset, dynamics=classic.acrobot_dynamics, observe=classic.acrobot_observe,
+        state_width=4, reset_draws=4, observation_shape=(6,), action_spec=ActionSpec("discrete", n=3),
+        max_episode_steps=500),
+    "MountainCar-v0": TorchEnvSpec(
+        **_MOUNTAIN_CAR, dynamics=classic.mountain_car_dynamics, action_spec=ActionSpec("discrete", n=3),
+        max_episode_steps=200),
     "MountainCarContinuous-v0": TorchEnvSpec(
         **_MOUNTAIN_CAR, dynamics=classic.mountain_car_continuous_dynamics,
         action_spec=ActionSpec("continuous", shape=(1,), low=(-1.0,), high=(1.0,)), max_episode_steps=999),
-    "Pendulum-v1": TorchEnvSpec(classic.pendulum_reset, classic.pendulum_dynamics, classic.pendulum_observe, 2, 2, (3,),
-                                ActionSpec("continuous", shape=(1,), low=(-classic.PENDULUM_MAX_TORQUE,),
-                                           high=(classic.PENDULUM_MAX_TORQUE,)), 200),
+    "Pendulum-v1": TorchEnvSpec(
+        reset=classic.pendulum_reset, dynamics=classic.pendulum_dynamics, observe=classic.pendulum_observe,
+        state_width=2, reset_draws=2, observation_shape=(3,),
+        action_spec=ActionSpec("continuous", shape=(1,), low=(-classic.PENDULUM_MAX_TORQUE,),
+                               high=(classic.PENDULUM_MAX_TORQUE,)), max_episode_steps=200),
 }
 
 

@@ -318,7 +318,7 @@ def test_train_command_on_a_continuous_torch_env(tmp_path):
 
 
 def _gymnasium_returns(agent, env_id, episodes, seed):
-    """Returns of ``agent``'s deterministic policy on Gymnasium's own env (``gymnasium.make``), one episode at a time."""
+    """Returns of ``agent``'s deterministic policy on Gymnasium's own env (``gymnasium.make``), episode by episode."""
     env = gymnasium.make(env_id)
     returns = []
     for episode in range(episodes):
