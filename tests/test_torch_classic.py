@@ -1,7 +1,6 @@
 """The torch-native classic-control suite (env_backend torch) against Gymnasium: one step from 1,000 random and edge
 states beside Gymnasium's own env, whole-episode statistics under a random policy, reset distributions, seeding,
 the compiled step, and the fused compiled rollout and training on a continuous-action env."""
-import functools
 import math
 import warnings
 
@@ -278,11 +277,12 @@ def test_backend_selection_and_spaces():
 
 
 def test_fused_compiled_rollout_with_continuous_actions_equals_eager():
-    """Pendulum-v1 on env_backend torch: the compiled rollout step holds the Gaussian policy and the env step in one
-    graph; it takes the eager loop's actions and sees the same rewards and flags (observations to float rounding)."""
+    """Pendulum-v1 on env_backend torch, with gSDE as its tuned config has it: the compiled rollout step holds the
+    policy and the env step in one graph; it takes the eager loop's actions and sees the same rewards and flags
+    (observations to float rounding)."""
     def collect(mode):
         cfg = make_config(dict(env="Pendulum-v1", env_backend="torch", n_envs=4, n_steps=16, total_steps=4 * 16 * 4,
-                               seed=3, compile=mode, use_sde=False, progress=False, tensorboard=False,
+                               seed=3, compile=mode, use_sde=True, progress=False, tensorboard=False,
                                wandb="disabled", plot=False))
         from fastrl.trainer import Trainer
         trainer = Trainer(cfg)
