@@ -124,8 +124,9 @@ class Config:
     torch_threads: int = _f(0, "torch intra-op threads on CPU (0 = auto: 1, as the env workers share the cores)")
     deterministic: bool = _f(False, "use deterministic torch algorithms (slower)")
     # --- environment ---
-    env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium, torch (a "
-                                  "torch-native CartPole, stepped inside the compiled rollout)",
+    env_backend: str = _f("auto", "env backend: auto (EnvPool when it has the id), envpool, gymnasium, torch ("
+                                  "torch-native classic control: CartPole, Acrobot, MountainCar(Continuous), Pendulum; "
+                                  "stepped inside the compiled rollout)",
                           ("auto", "envpool", "gymnasium", "torch"))
     env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
     env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "

@@ -471,7 +471,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids.
 
     A class or factory (see ``resolve_env``) runs on the Gymnasium vector env. ``torch`` takes the ids of
-    ``fastrl.torch_envs.TORCH_ENV_IDS`` only; ``auto`` never picks it."""
+    ``fastrl.torch_envs.TORCH_ENVS`` only; ``auto`` never picks it."""
     if backend == "torch":
         from fastrl.torch_envs import resolve_torch_env
         resolve_torch_env(env_id)
@@ -639,13 +639,13 @@ def _to_tensor(array: np.ndarray) -> torch.Tensor:
 class BatchedEnv:
     """``n_envs`` environments stepped as one batch. See the module docstring for the step contract.
 
-    ``backend="torch"`` builds a ``fastrl.torch_envs.TorchCartPoleEnv`` (same interface, tensors all the way)."""
+    ``backend="torch"`` builds a ``fastrl.torch_envs.TorchEnv`` (same interface, tensors all the way)."""
 
     def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
-            from fastrl.torch_envs import TorchCartPoleEnv
-            return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
+            from fastrl.torch_envs import TorchEnv
+            return TorchEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,

@@ -1,112 +1,129 @@
 """Torch-native batched envs (``env_backend: torch``): the env step is a pure function over tensors, gymnax-style,
 so a rollout can step the env inside one ``torch.compile``'d graph, on any device.
 
-CartPole (``CartPole-v1``: 500 steps, ``CartPole-v0``: 200) follows Gymnasium's dynamics (Euler integration, float64
-physics, float32 observations, reward 1 on every step including the terminating one) and the step contract of
-``fastrl.envs`` (next-step auto-reset, ``valid`` False on reset steps). At the time limit the step is ``truncated``
-and never ``terminated``, as EnvPool reports it (Gymnasium's TimeLimit would set both when the pole falls on the
-last step).
+The suite is Gymnasium's classic control, its dynamics in ``fastrl.torch_classic``: CartPole-v1 (500 steps) and v0
+(200), Acrobot-v1 (500), MountainCar-v0 (200), MountainCarContinuous-v0 (999) and Pendulum-v1 (200, never
+terminates). Each is a ``TorchEnvSpec``; ``env_step`` steps any of them under the step contract of ``fastrl.envs``
+(next-step auto-reset, ``valid`` False on reset steps, reward 0 there). At the time limit the step is ``truncated``
+and never ``terminated``, as EnvPool reports it (Gymnasium's TimeLimit would set both when the goal or the fall
+comes on the last step); the reward is still the physics' own.
 
-The state is ``(physics [N, 4] float64 (x, x_dot, theta, theta_dot), elapsed [N] int64, prev_done [N] bool)``.
-Reset draws come in as an argument (``reset_uniform [N, 4]`` float64 U(0, 1), drawn for every env on every step),
-so the step has no RNG inside and its random stream does not depend on which envs reset. A batch built with
-``seed`` draws from one ``torch.Generator`` seeded ``seed`` (EnvPool's per-env streams cannot be reproduced).
+The state is ``(physics [N, S] float64, elapsed [N] int64, prev_done [N] bool)``. Reset draws come in as an argument
+(``reset_uniform [N, R]`` float64 U(0, 1), drawn for every env on every step), so the step has no RNG inside and its
+random stream does not depend on which envs reset. A batch built with ``seed`` draws from one ``torch.Generator``
+seeded ``seed`` (EnvPool's per-env streams cannot be reproduced).
 """
 from __future__ import annotations
 
 import functools
-import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from fastrl import torch_classic as classic
 from fastrl.config import UserError
 from fastrl.envs import ActionSpec, EnvStep, EpisodeStats
 
-# Gymnasium's CartPoleEnv constants, computed the same way so the float64 arithmetic matches to the bit.
-GRAVITY = 9.8
-MASSCART = 1.0
-MASSPOLE = 0.1
-TOTAL_MASS = MASSPOLE + MASSCART
-LENGTH = 0.5  # half the pole's length
-POLEMASS_LENGTH = MASSPOLE * LENGTH
-FORCE_MAG = 10.0
-TAU = 0.02
-THETA_THRESHOLD = 12 * 2 * math.pi / 360
-X_THRESHOLD = 2.4
-RESET_BOUND = 0.05
 
-# id -> max_episode_steps (Gymnasium's and EnvPool's registrations)
-TORCH_ENV_IDS = {"CartPole-v1": 500, "CartPole-v0": 200}
-
-
-def cartpole_reset_state(uniform: torch.Tensor) -> torch.Tensor:
-    """``uniform [N, 4]`` float64 U(0, 1) draws -> first physics state ``[N, 4]`` float64, uniform in [-0.05, 0.05]."""
-    return uniform * (2 * RESET_BOUND) - RESET_BOUND
+@dataclass(frozen=True)
+class TorchEnvSpec:
+    """One torch-native env: its ``fastrl.torch_classic`` functions (``reset``, ``dynamics``, ``observe``), the
+    physics width ``state_width``, the U(0, 1) draws one reset takes (``reset_draws``), ``observation_shape``,
+    ``action_spec`` (a continuous one: a Box whose entries share one low and one high bound) and Gymnasium's
+    ``max_episode_steps``."""
+    reset: Callable
+    dynamics: Callable
+    observe: Callable
+    state_width: int
+    reset_draws: int
+    observation_shape: tuple
+    action_spec: ActionSpec
+    max_episode_steps: int
 
 
-def cartpole_step(physics: torch.Tensor, elapsed: torch.Tensor, prev_done: torch.Tensor, action: torch.Tensor,
-                  reset_uniform: torch.Tensor, max_episode_steps: int):
-    """One batched CartPole step with next-step auto-reset; pure, branch-free (fine under ``fullgraph=True``).
+_CARTPOLE = dict(reset=classic.cartpole_reset, dynamics=classic.cartpole_dynamics, observe=classic.state_observation,
+                 state_width=4, reset_draws=4, observation_shape=(4,), action_spec=ActionSpec("discrete", n=2))
+_MOUNTAIN_CAR = dict(reset=classic.mountain_car_reset, observe=classic.state_observation, state_width=2,
+                     reset_draws=1, observation_shape=(2,))
+TORCH_ENVS = {
+    "CartPole-v1": TorchEnvSpec(**_CARTPOLE, max_episode_steps=500),
+    "CartPole-v0": TorchEnvSpec(**_CARTPOLE, max_episode_steps=200),
+    "Acrobot-v1": TorchEnvSpec(
+        reset=classic.acrobot_reset, dynamics=classic.acrobot_dynamics, observe=classic.acrobot_observe,
+        state_width=4, reset_draws=4, observation_shape=(6,), action_spec=ActionSpec("discrete", n=3),
+        max_episode_steps=500),
+    "MountainCar-v0": TorchEnvSpec(
+        **_MOUNTAIN_CAR, dynamics=classic.mountain_car_dynamics, action_spec=ActionSpec("discrete", n=3),
+        max_episode_steps=200),
+    "MountainCarContinuous-v0": TorchEnvSpec(
+        **_MOUNTAIN_CAR, dynamics=classic.mountain_car_continuous_dynamics,
+        action_spec=ActionSpec("continuous", shape=(1,), low=(-1.0,), high=(1.0,)), max_episode_steps=999),
+    "Pendulum-v1": TorchEnvSpec(
+        reset=classic.pendulum_reset, dynamics=classic.pendulum_dynamics, observe=classic.pendulum_observe,
+        state_width=2, reset_draws=2, observation_shape=(3,),
+        action_spec=ActionSpec("continuous", shape=(1,), low=(-classic.PENDULUM_MAX_TORQUE,),
+                               high=(classic.PENDULUM_MAX_TORQUE,)), max_episode_steps=200),
+}
 
-    ``physics [N, 4]`` float64 (x, x_dot, theta, theta_dot); ``elapsed [N]`` int64 steps taken in the current episode;
-    ``prev_done [N]`` bool (the previous step ended the episode: this step resets, its action is ignored);
-    ``action [N]`` int64 (0 pushes left, 1 right); ``reset_uniform [N, 4]`` float64 U(0, 1), read by resetting envs.
 
-    Returns ``(physics, elapsed, done, observation [N, 4] float32, reward [N] float32, terminated [N] bool,
-    truncated [N] bool, valid [N] bool)``: the new state (``done = terminated | truncated`` is the next call's
-    ``prev_done``), then the step's outputs as ``fastrl.envs.EnvStep`` defines them.
+def env_step(spec: TorchEnvSpec, physics: torch.Tensor, elapsed: torch.Tensor, prev_done: torch.Tensor,
+             action: torch.Tensor, reset_uniform: torch.Tensor, max_episode_steps: int):
+    """One batched step of ``spec``'s env with next-step auto-reset; pure, branch-free (fine under ``fullgraph=True``).
+
+    ``physics [N, S]`` float64; ``elapsed [N]`` int64 steps taken in the current episode; ``prev_done [N]`` bool (the
+    previous step ended the episode: this step resets, its action is ignored); ``action``: int64 ``[N]`` (discrete)
+    or float32 ``[N, *shape]`` (continuous: clipped to the Box first, as ``fastrl.envs.BatchedEnv`` does);
+    ``reset_uniform [N, R]`` float64 U(0, 1), read by resetting envs.
+
+    Returns ``(physics, elapsed, done, observation float32, reward [N] float32, terminated [N] bool, truncated [N]
+    bool, valid [N] bool)``: the new state (``done = terminated | truncated`` is the next call's ``prev_done``), then
+    the step's outputs as ``fastrl.envs.EnvStep`` defines them.
     """
-    x, x_dot, theta, theta_dot = physics.unbind(-1)
-    force = (action.to(physics.dtype) * 2 - 1) * FORCE_MAG  # exactly +-10 for actions 1/0
-    costheta, sintheta = torch.cos(theta), torch.sin(theta)
-    temp = (force + POLEMASS_LENGTH * theta_dot.square() * sintheta) / TOTAL_MASS
-    thetaacc = (GRAVITY * sintheta - costheta * temp) / (
-        LENGTH * (4.0 / 3.0 - MASSPOLE * costheta.square() / TOTAL_MASS))
-    xacc = temp - POLEMASS_LENGTH * thetaacc * costheta / TOTAL_MASS
-    stepped = torch.stack((x + TAU * x_dot, x_dot + TAU * xacc, theta + TAU * theta_dot,
-                           theta_dot + TAU * thetaacc), dim=-1)
-
+    if spec.action_spec.kind == "continuous":
+        action = action.clamp(spec.action_spec.low[0], spec.action_spec.high[0])
+    stepped, reward, reached = spec.dynamics(physics, action, elapsed == 0)
     valid = ~prev_done
-    physics = torch.where(prev_done.unsqueeze(-1), cartpole_reset_state(reset_uniform), stepped)
+    physics = torch.where(prev_done.unsqueeze(-1), spec.reset(reset_uniform), stepped)
     elapsed = torch.where(prev_done, torch.zeros_like(elapsed), elapsed + 1)
-    x, theta = physics[:, 0], physics[:, 2]
-    fallen = (x < -X_THRESHOLD) | (x > X_THRESHOLD) | (theta < -THETA_THRESHOLD) | (theta > THETA_THRESHOLD)
     truncated = valid & (elapsed >= max_episode_steps)
-    terminated = valid & fallen & ~truncated
+    terminated = valid & reached & ~truncated
     done = terminated | truncated
-    return physics, elapsed, done, physics.float(), valid.float(), terminated, truncated, valid
+    reward = torch.where(valid, reward, 0.0).float()
+    return physics, elapsed, done, spec.observe(physics), reward, terminated, truncated, valid
 
 
-def resolve_torch_env(env_id: str) -> int:
-    """``max_episode_steps`` of a torch-native ``env_id``, or a one-line UserError naming the supported ids."""
-    if env_id not in TORCH_ENV_IDS:
-        raise UserError(f"env_backend torch has no torch-native env {env_id!r} (it has {', '.join(TORCH_ENV_IDS)}); "
+def resolve_torch_env(env_id: str) -> TorchEnvSpec:
+    """The spec of a torch-native ``env_id``, or a one-line UserError naming every supported id."""
+    if env_id not in TORCH_ENVS:
+        raise UserError(f"env_backend torch has no torch-native env {env_id!r} (it has {', '.join(TORCH_ENVS)}); "
                         "use env_backend auto")
-    return TORCH_ENV_IDS[env_id]
+    return TORCH_ENVS[env_id]
 
 
-class TorchCartPoleEnv:
-    """``n_envs`` CartPoles stepped as one batch of tensors, with ``fastrl.envs.BatchedEnv``'s interface.
+class TorchEnv:
+    """``n_envs`` copies of a torch-native env stepped as one batch of tensors, with ``fastrl.envs.BatchedEnv``'s
+    interface.
 
-    ``step()`` runs ``cartpole_step`` eagerly (a handful of vectorized torch ops, no per-env Python, no numpy)
-    and updates ``stats``. A compiled rollout uses ``pure_step``, ``tensor_state``, ``set_tensor_state`` and
-    ``draw_reset_uniform`` instead. Tensors live on ``device`` (CPU by default, as the EnvStep contract has them).
-    ``env_kwargs`` may set ``max_episode_steps``; ``num_threads`` is accepted and ignored.
+    ``step()`` runs ``env_step`` eagerly (vectorized torch ops, no per-env Python, no numpy) and updates ``stats``.
+    A compiled rollout uses ``pure_step``, ``tensor_state``, ``set_tensor_state`` and ``draw_reset_uniform``
+    instead. Tensors live on ``device`` (CPU by default, as the EnvStep contract has them). ``env_kwargs`` may set
+    ``max_episode_steps``; ``num_threads`` is accepted and ignored.
     """
     backend = "torch"
 
     def __init__(self, env_id: str, n_envs: int, seed: int, num_threads: int = 0, env_kwargs: dict | None = None,
                  device: torch.device | str = "cpu", n_members: int = 1):
-        max_episode_steps = resolve_torch_env(env_id)
+        spec = resolve_torch_env(env_id)
         env_kwargs = dict(env_kwargs or {})
-        max_episode_steps = int(env_kwargs.pop("max_episode_steps", max_episode_steps))
+        max_episode_steps = int(env_kwargs.pop("max_episode_steps", spec.max_episode_steps))
         if env_kwargs:
             raise UserError(f"env_backend torch: {env_id} takes no option {', '.join(sorted(env_kwargs))}; "
                             "use env_backend auto")
-        self.env_id, self.n_envs, self.max_episode_steps = env_id, n_envs, max_episode_steps
+        self.env_id, self.n_envs, self.max_episode_steps, self.spec = env_id, n_envs, max_episode_steps, spec
         self.device = torch.device(device)
-        self.observation_shape, self.observation_dtype, self.obs_scale = (4,), torch.float32, 1.0
-        self.action_spec = ActionSpec("discrete", n=2)
+        self.observation_shape, self.observation_dtype, self.obs_scale = spec.observation_shape, torch.float32, 1.0
+        self.action_spec = spec.action_spec
         self.stats = EpisodeStats(n_envs)
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
@@ -114,10 +131,10 @@ class TorchCartPoleEnv:
         self._generators = [torch.Generator(device=self.device).manual_seed(seed + m * n) for m in range(n_members)]
         self._member_envs = n
         # Until reset(), every env is due to reset on its next step.
-        self._physics = torch.zeros(n_envs, 4, dtype=torch.float64, device=self.device)
+        self._physics = torch.zeros(n_envs, spec.state_width, dtype=torch.float64, device=self.device)
         self._elapsed = torch.zeros(n_envs, dtype=torch.int64, device=self.device)
         self._prev_done = torch.ones(n_envs, dtype=torch.bool, device=self.device)
-        self.pure_step = functools.partial(cartpole_step, max_episode_steps=max_episode_steps)
+        self.pure_step = functools.partial(env_step, spec, max_episode_steps=max_episode_steps)
 
     @property
     def tensor_state(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -130,22 +147,24 @@ class TorchCartPoleEnv:
             live.copy_(new)
 
     def draw_reset_uniform(self) -> torch.Tensor:
-        """``[n_envs, 4]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
+        """``[n_envs, reset_draws]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
+        width = self.spec.reset_draws
         if len(self._generators) == 1:
-            return torch.rand(self.n_envs, 4, dtype=torch.float64, generator=self._generators[0], device=self.device)
-        return torch.cat([torch.rand(self._member_envs, 4, dtype=torch.float64, generator=g, device=self.device)
+            return torch.rand(self.n_envs, width, dtype=torch.float64, generator=self._generators[0],
+                              device=self.device)
+        return torch.cat([torch.rand(self._member_envs, width, dtype=torch.float64, generator=g, device=self.device)
                           for g in self._generators])
 
     def reset(self) -> torch.Tensor:
-        self._physics.copy_(cartpole_reset_state(self.draw_reset_uniform()))
+        self._physics.copy_(self.spec.reset(self.draw_reset_uniform()))
         self._elapsed.zero_()
         self._prev_done.zero_()
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
-        return self._physics.float()
+        return self.spec.observe(self._physics)
 
     def step(self, action: torch.Tensor) -> EnvStep:
-        """Step all envs with ``action`` (int64 ``[N]`` on ``device``)."""
+        """Step all envs with ``action`` (on ``device``; see ``env_step``)."""
         physics, elapsed, done, obs, reward, terminated, truncated, valid = self.pure_step(
             *self.tensor_state, action, self.draw_reset_uniform())
         self.set_tensor_state((physics, elapsed, done))  # in place: tensor_state's tensors stay the live ones

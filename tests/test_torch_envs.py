@@ -1,5 +1,6 @@
 """The torch-native CartPole (env_backend torch): Gymnasium's dynamics step for step, the batched env contract
-(auto-reset mask, truncation, statistics) beside EnvPool's, determinism, torch.compile, and the config path."""
+(auto-reset mask, truncation, statistics) beside EnvPool's, determinism, torch.compile, and the config path. The
+rest of the suite: test_torch_classic.py."""
 import functools
 
 import gymnasium
@@ -10,14 +11,10 @@ from conftest import one_line_error
 
 from fastrl.config import make_config
 from fastrl.envs import BatchedEnv, make_env, resolve_backend
-from fastrl.torch_envs import (
-    THETA_THRESHOLD,
-    TORCH_ENV_IDS,
-    X_THRESHOLD,
-    TorchCartPoleEnv,
-    cartpole_reset_state,
-    cartpole_step,
-)
+from fastrl.torch_classic import THETA_THRESHOLD, X_THRESHOLD, cartpole_reset
+from fastrl.torch_envs import TORCH_ENVS, TorchEnv, env_step
+
+cartpole_step = functools.partial(env_step, TORCH_ENVS["CartPole-v1"])
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 RESET_BOUND = 0.05
@@ -56,7 +53,7 @@ def test_one_step_matches_gymnasium():
 def test_reset_state_and_time_limit_through_the_pure_step():
     """Resetting envs take the reset draws and ignore their action; the step that reaches max_episode_steps is
     truncated, never terminated, even when the pole falls on it (EnvPool's convention)."""
-    torch.testing.assert_close(cartpole_reset_state(torch.tensor([[0.0, 1.0, 0.5, 0.25]], dtype=torch.float64)),
+    torch.testing.assert_close(cartpole_reset(torch.tensor([[0.0, 1.0, 0.5, 0.25]], dtype=torch.float64)),
                                torch.tensor([[-0.05, 0.05, 0.0, -0.025]], dtype=torch.float64), rtol=0, atol=1e-17)
     falling = torch.tensor([0.0, 0.0, THETA_THRESHOLD, 1.0], dtype=torch.float64)  # past the bound after one step
     physics = torch.stack([falling, falling, torch.zeros(4, dtype=torch.float64)])
@@ -68,7 +65,7 @@ def test_reset_state_and_time_limit_through_the_pure_step():
     assert terminated.tolist() == [True, False, False] and truncated.tolist() == [False, True, False]
     assert valid.tolist() == [True, True, False] and reward.tolist() == [1.0, 1.0, 0.0]
     assert done.tolist() == [True, True, False] and elapsed.tolist() == [4, 5, 0]
-    assert torch.equal(new_physics[2:], cartpole_reset_state(uniform[2:]))
+    assert torch.equal(new_physics[2:], cartpole_reset(uniform[2:]))
     assert torch.equal(obs, new_physics.float())
 
 
@@ -108,7 +105,7 @@ def _rollout(env, n_steps, policy):
 
 
 def test_600_step_rollout_auto_resets_and_truncates_at_500():
-    env = TorchCartPoleEnv("CartPole-v1", 4, seed=0)
+    env = TorchEnv("CartPole-v1", 4, seed=0)
     steps = _rollout(env, 600, _balance)
     assert _check_contract(env, steps) == [500] * 4
     assert steps[499].truncated.all() and not steps[499].terminated.any()
@@ -138,7 +135,7 @@ def test_follows_envpool_from_its_first_state():
     env tracks EnvPool's trajectory until each env's first episode ends, and ends it on the same step."""
     n = 4
     pool = BatchedEnv("CartPole-v1", n, seed=3, backend="envpool")
-    env = TorchCartPoleEnv("CartPole-v1", n, seed=0)
+    env = TorchEnv("CartPole-v1", n, seed=0)
     try:
         first = pool.reset()
         env.reset()
@@ -159,7 +156,7 @@ def test_follows_envpool_from_its_first_state():
 
 
 def _trajectory(seed, n_steps=60):
-    env = TorchCartPoleEnv("CartPole-v1", 3, seed=seed)
+    env = TorchEnv("CartPole-v1", 3, seed=seed)
     gen = torch.Generator().manual_seed(0)
     obs = [env.reset()]
     for _ in range(n_steps):
@@ -175,8 +172,8 @@ def test_seeding_is_reproducible_and_distinct():
 
 
 def test_tensor_state_api():
-    env = TorchCartPoleEnv("CartPole-v0", 2, seed=0)
-    assert env.max_episode_steps == TORCH_ENV_IDS["CartPole-v0"] == 200
+    env = TorchEnv("CartPole-v0", 2, seed=0)
+    assert env.max_episode_steps == TORCH_ENVS["CartPole-v0"].max_episode_steps == 200
     env.reset()
     live = env.tensor_state
     saved = tuple(t.clone() for t in live)
@@ -194,7 +191,7 @@ def test_tensor_state_api():
 def test_compiled_step_matches_eager():
     """torch.compile(fullgraph=True) captures the step whole and replays it bit for bit over 50 steps with resets.
     aot_eager runs the captured graph with eager kernels; inductor's own sin/cos may differ in the last bit."""
-    env = TorchCartPoleEnv("CartPole-v1", 16, seed=0, env_kwargs={"max_episode_steps": 20})
+    env = TorchEnv("CartPole-v1", 16, seed=0, env_kwargs={"max_episode_steps": 20})
     env.reset()
     torch._dynamo.reset()
     compiled = torch.compile(cartpole_step, fullgraph=True, backend="aot_eager")
@@ -216,7 +213,7 @@ def test_config_builds_the_torch_env_and_trains_one_iteration():
     cfg = make_config(dict(env="CartPole-v1", env_backend="torch", n_envs=4, n_steps=16, compile="off", **QUIET))
     assert resolve_backend("CartPole-v1", "torch") == "torch" and resolve_backend("CartPole-v1") == "envpool"
     env = make_env(cfg)
-    assert isinstance(env.env, TorchCartPoleEnv) and env.reset().shape == (4, 4)
+    assert isinstance(env.env, TorchEnv) and env.reset().shape == (4, 4)
     env.close()
     from fastrl.train import Trainer
     trainer = Trainer(cfg)
@@ -230,10 +227,10 @@ def test_config_builds_the_torch_env_and_trains_one_iteration():
 
 
 def test_unsupported_id_or_option_is_one_line_error():
-    for build in (functools.partial(BatchedEnv, "Acrobot-v1", 2, 0, "torch"),
+    for build in (functools.partial(BatchedEnv, "LunarLander-v3", 2, 0, "torch"),
                   functools.partial(resolve_backend, "LunarLander-v2", "torch"),
-                  functools.partial(make_env, make_config(dict(env="Acrobot-v1", env_backend="torch")))):
+                  functools.partial(make_env, make_config(dict(env="LunarLander-v3", env_backend="torch")))):
         message = one_line_error(build)
-        assert "CartPole-v1" in message and "env_backend auto" in message
-    assert "max_episode_steps" not in one_line_error(TorchCartPoleEnv, "CartPole-v1", 1, 0, env_kwargs={"x": 1})
+        assert all(env_id in message for env_id in TORCH_ENVS) and "env_backend auto" in message
+    assert "max_episode_steps" not in one_line_error(TorchEnv, "CartPole-v1", 1, 0, env_kwargs={"x": 1})
     assert "env-mode sync" in one_line_error(make_config, dict(env_backend="torch", env_mode="async"))
