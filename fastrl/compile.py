@@ -68,13 +68,11 @@ def target_steps_per_call(gradient_steps: int) -> int:
     return min(MAX_STEPS_PER_CALL, max(1, round(best)))
 
 
-def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool, limit: int = MAX_STEPS_PER_CALL) -> int:
+def steps_per_call(n_epochs: int, n_minibatches: int, limit: int = MAX_STEPS_PER_CALL) -> int:
     """Minibatch steps per update call, at most ``limit``: the whole update (``n_epochs * n_minibatches``) when it
     fits, else the most whole epochs that do, else the largest divisor of ``n_minibatches`` that does (every call
-    then has the same shapes: one graph). Under torchrun one minibatch: the gradient all-reduce runs between a step's
-    two compiled halves."""
-    if distributed:
-        return 1
+    then has the same shapes: one graph). Under torchrun too: each step's gradient all-reduce is a functional
+    collective, traced into the compiled call (``fastrl.distributed.rank_mean``)."""
     if n_minibatches <= limit:
         epochs = max(e for e in range(1, n_epochs + 1) if n_epochs % e == 0 and e * n_minibatches <= limit)
         return epochs * n_minibatches
@@ -82,8 +80,8 @@ def steps_per_call(n_epochs: int, n_minibatches: int, distributed: bool, limit: 
 
 
 def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_steps: int = 0,
-                 fused_rollout: bool = False, n_epochs: int = 1, n_minibatches: int = 1,
-                 distributed: bool = False, members: int = 1, hand_gradient: bool = False) -> CompilePlan:
+                 fused_rollout: bool = False, n_epochs: int = 1, n_minibatches: int = 1, members: int = 1,
+                 hand_gradient: bool = False) -> CompilePlan:
     """The plan for ``cfg.compile``.
 
     ``auto``: on CUDA both parts compiled with CUDA graphs (``reduce-overhead``). On CPU each part is compiled when the
@@ -107,7 +105,7 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
         update = "default" if gradient_steps >= update_needs else "off"
     if (rollout, update) != ("off", "off"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
-    per_call = (steps_per_call(n_epochs, n_minibatches, distributed, target_steps_per_call(gradient_steps))
+    per_call = (steps_per_call(n_epochs, n_minibatches, target_steps_per_call(gradient_steps))
                 if update != "off" else 1)
     return CompilePlan(rollout, update, per_call)
 

@@ -85,16 +85,16 @@ def broadcast_module_(module: torch.nn.Module, src: int = 0) -> None:
             dist.broadcast(tensor.data, src)
 
 
-def all_reduce_grads_(params: list, world_size: int) -> None:
-    """Average gradients across ranks with one flattened all-reduce (keeps parameters bitwise identical)."""
-    if not dist.is_initialized():
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    flat = torch._utils._flatten_dense_tensors(grads)
-    dist.all_reduce(flat)
-    flat /= world_size
-    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-        grad.copy_(synced)
+def rank_mean():
+    """A function ``tensor -> its mean over the ranks``, the same bits on every rank: one all-reduce (sum, then
+    divided by the world size) as a functional collective, which ``torch.compile`` traces into the graph that calls
+    it (checked with gloo on CPU, eager and compiled: tests/test_distributed.py)."""
+    from torch.distributed import _functional_collectives as funcol  # imported by torchrun runs only
+    group, world_size = dist.group.WORLD, dist.get_world_size()
+
+    def mean(tensor: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(tensor, "sum", group) / world_size
+    return mean
 
 
 def broadcast_object(obj, src: int = 0):

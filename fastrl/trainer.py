@@ -17,9 +17,10 @@ not another trainer: every tensor of the run state carries a leading member axis
   ``torch.func.vmap`` at K > 1, eagerly or compiled (``fastrl.compile.compile_plan``: a function of the config and
   the shapes only), ``steps_per_call`` minibatch steps per call.
 
-Under torchrun (K = 1 only), ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank);
-each rank averages its minibatch gradient with the others' once per minibatch, which equals the gradient of the
-global minibatch.
+Under torchrun (K = 1 only), ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank).
+The update is the same calls as one process's; only its ``Update`` carries ``fastrl.distributed.rank_mean``: each
+minibatch step averages its gradient over the ranks (one all-reduce, inside the compiled call when the update is
+compiled), which equals the gradient of the global minibatch.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from fastrl.rollout import CompiledRolloutStep, has_fused_step, sampling_noise
 from fastrl.seeding import env_seed, member_generator, seed_process
 from fastrl.stacked import FlatLayout, MemberPolicy
 from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
-                           hand_gradient_applies, initial_opt_state, minibatch_index, stat_names)
+                           hand_gradient_applies, initial_opt_state, minibatch_index)
 from fastrl.checkpoint import load_rng_state, rng_state
 
 def rank_n_envs(cfg: Config, world_size: int) -> int:
@@ -205,7 +206,7 @@ class Trainer:
         fused = self.env_mode == "sync" and has_fused_step(self.env)
         gradient_steps = self.n_iterations * self.spec.n_steps
         self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
-                                 self.spec.n_epochs, self.spec.n_minibatches, self.dist.enabled, members=k,
+                                 self.spec.n_epochs, self.spec.n_minibatches, members=k,
                                  hand_gradient=k > 1 and hand_gradient_applies(self.spec, self.layout, self.autocast))
         # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
@@ -223,14 +224,12 @@ class Trainer:
             self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), self.env.action_spec,
                                                     rollout_mode, env=self.env, draw_noise=self.draw_noise)
         update_mode, per_call = self.plan.update, self.plan.steps_per_call
-        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent)
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent,
+                                        distributed.rank_mean() if self.dist.enabled else None)
         self.steps_per_call = per_call
         spec = self.spec
         self._epoch_ends = {first: epoch_end_mask(first, min(per_call, spec.n_steps - first), spec.n_minibatches,
                                                   self.device) for first in range(0, spec.n_steps, per_call)}
-        if self.dist.enabled:
-            self._gradient_part = CompiledOrEager(self._member_gradient, update_mode, "the gradient", fullgraph=True)
-            self._apply_part = CompiledOrEager(self._member_apply, update_mode, "the optimizer step", fullgraph=True)
         self.update_call = CompiledOrEager(self._update_chunk, update_mode, f"the {cfg.algo} update", fullgraph=True)
         # CUDA graphs (reduce-overhead) replay fixed addresses: the state the update writes in place is marked static.
         if update_mode == "reduce-overhead" and self.device.type == "cuda":
@@ -354,23 +353,10 @@ class Trainer:
             opt_state[key].copy_(value)
         return sums, active
 
-    def _member_gradient(self, params, opt_state, minibatch, hparams):
-        """torchrun's first half of a step (K = 1): ``(grad [P], loss, stats)``."""
-        return self.update_fn.gradient(params[0], {k: v[0] for k, v in opt_state.items()}, minibatch,
-                                       {k: v[0] for k, v in hparams.items()})
-
-    def _member_apply(self, params, opt_state, grad, loss, hparams):
-        new_params, new_state, grad_norm, nonfinite, applied = self.update_fn.apply(
-            params[0], {k: v[0] for k, v in opt_state.items()}, grad, loss, {k: v[0] for k, v in hparams.items()})
-        params[0].copy_(new_params)
-        for key, value in new_state.items():
-            opt_state[key][0].copy_(value)
-        return grad_norm, nonfinite, applied
-
     def update(self) -> dict:
         """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
         ``member_rows`` has each member's)."""
-        cfg, k = self.cfg, self.n_members
+        cfg = self.cfg
         self._set_hyperparameters()
         with self.timer.section("update"), skip_guards(self._warm_compiled()), torch_threads(self.update_threads):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
@@ -382,20 +368,7 @@ class Trainer:
             if cfg.algo != "a2c":
                 index = torch.stack([minibatch_index(size, spec.n_epochs, spec.n_minibatches, g, self.device)
                                      for g in self.minibatch_generators])
-            if self.dist.enabled:
-                sums = self._distributed_update(inputs, index)
-            else:
-                active = torch.ones(k, dtype=torch.bool, device=self.device)
-                parts = []
-                for first in range(0, spec.n_steps, self.steps_per_call):
-                    count = min(self.steps_per_call, spec.n_steps - first)
-                    chunk = None if index is None else index[:, first:first + count]
-                    part, active = self.update_call(self.params, self.opt_state, inputs, chunk, self.hparams, active,
-                                                    self._epoch_ends[first])
-                    parts.append(part)
-                # The calls' statistics summed once (an eager update makes a call per step)
-                sums = parts[0] if len(parts) == 1 else {key: torch.stack([part[key] for part in parts]).sum(0)
-                                                         for key in parts[0]}
+            sums = self.minibatch_steps(inputs, index)
             per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
             valid = self._member_major(batch["valid"]).float()
             per_member["losses/explained_variance"] = explained_variance(
@@ -410,6 +383,24 @@ class Trainer:
         metrics["losses/nonfinite_updates"] = per_member["losses/nonfinite_updates"].sum()
         return metrics
 
+    def minibatch_steps(self, inputs: tuple, index) -> dict:
+        """Every minibatch step of one update, ``steps_per_call`` per ``update_call``, on the members' loss inputs
+        (``LOSS_KEYS``, each ``[K, B, ...]``) and their rows ``index [K, n_epochs * n_minibatches, mb]`` (None: A2C's
+        one step on the whole batch); ``params`` and ``opt_state`` are updated in place. Returns the summed step
+        statistics (``Update.steps``), each ``[K]``."""
+        spec = self.spec
+        active = torch.ones(self.n_members, dtype=torch.bool, device=self.device)
+        parts = []
+        for first in range(0, spec.n_steps, self.steps_per_call):
+            count = min(self.steps_per_call, spec.n_steps - first)
+            chunk = None if index is None else index[:, first:first + count]
+            part, active = self.update_call(self.params, self.opt_state, inputs, chunk, self.hparams, active,
+                                            self._epoch_ends[first])
+            parts.append(part)
+        # The calls' statistics summed once (an eager update makes a call per step)
+        return parts[0] if len(parts) == 1 else {key: torch.stack([part[key] for part in parts]).sum(0)
+                                                 for key in parts[0]}
+
     def _advantages(self, batch) -> None:
         """GAE per member (one call when every member shares gamma and gae_lambda)."""
         if len({(m.gamma, m.gae_lambda) for m in self.members}) == 1:
@@ -418,30 +409,6 @@ class Trainer:
         n = self.n_envs
         for m, member in enumerate(self.members):
             compute_advantages(batch[:, m * n:(m + 1) * n], member.gamma, member.gae_lambda)
-
-    def _distributed_update(self, inputs: tuple, index) -> dict:
-        """torchrun (K = 1): per minibatch the gradient, its average across ranks, then the optimizer step."""
-        spec, device = self.spec, self.device
-        zero = torch.zeros(1, device=device)
-        keys = stat_names(spec.algo)
-        sums = {key: zero for key in (*keys, "n_updates", "nonfinite_updates")}
-        active = torch.ones((), dtype=torch.bool, device=device)
-        for j in range(spec.n_steps):
-            minibatch = tuple(x[0] for x in inputs) if index is None else tuple(x[0][index[0, j]] for x in inputs)
-            grad, loss, stats = self._gradient_part(self.params, self.opt_state, minibatch, self.hparams)
-            with self.timer.section("allreduce"):
-                distributed.all_reduce_(grad)
-                grad.div_(self.dist.world_size)
-            grad_norm, nonfinite, applied = self._apply_part(self.params, self.opt_state, grad, loss, self.hparams)
-            applied = applied & active
-            stats = {**stats, "grad_norm": grad_norm}
-            for key in keys:
-                sums[key] = sums[key] + torch.where(applied, stats[key].float(), torch.zeros((), device=device))
-            sums["n_updates"] = sums["n_updates"] + applied.float()
-            sums["nonfinite_updates"] = sums["nonfinite_updates"] + nonfinite.float()
-            if spec.target_kl > 0 and (j + 1) % spec.n_minibatches == 0 and bool(stats["approx_kl"] > spec.target_kl):
-                break  # one host sync per epoch, as every rank sees the same averaged figure
-        return sums
 
     # ------------------------------------------------------------------ per member
     def member_agent(self, m: int) -> torch.nn.Module:

@@ -35,8 +35,11 @@ the config and the shapes; tests/test_update.py lists every case). Eagerly, K me
 optimizer math broadcast over the member axis: the same ops as one member, on bigger tensors.
 
 ``Update.steps`` runs a slice of the minibatch steps (the trainer puts ``compile_plan(...).steps_per_call`` of them
-in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves, between which torchrun
-averages the gradient across ranks. fp16 (CUDA) scales the loss dynamically, with the scale in ``opt_state``.
+in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two halves. Under torchrun the update
+takes ``rank_mean`` (``fastrl.distributed.rank_mean``) and each step averages its gradient over the ranks between
+the two, in one all-reduce that also carries the loss and approx_kl (``Update.across_ranks``): every rank then
+takes the step of the global minibatch, skips it when it is non-finite on any rank, and stops on target_kl at the
+same step. Nothing else differs from one process, compiled or eager. fp16 (CUDA) scales the loss dynamically, with the scale in ``opt_state``.
 """
 from __future__ import annotations
 
@@ -148,17 +151,18 @@ def hand_gradient_applies(spec: UpdateSpec, layout: FlatLayout, autocast) -> boo
 
 class Update:
     """The update of ``spec`` for the agents shaped like ``layout``'s (see the module docstring), each minibatch step
-    computed the way ``path`` names (``step_path``); ``agent`` is the module the ``module`` path differentiates."""
+    computed the way ``path`` names (``step_path``); ``agent`` is the module the ``module`` path differentiates;
+    ``rank_mean`` (torchrun: ``tensor -> its mean over the ranks``) averages each step's gradient across ranks."""
 
     def __init__(self, spec: UpdateSpec, layout: FlatLayout, autocast=nullcontext, path: str = "functional",
-                 agent: torch.nn.Module | None = None):
+                 agent: torch.nn.Module | None = None, rank_mean=None):
         if path not in STEP_PATHS:
             raise ValueError(f"unknown step path {path!r}; one of {STEP_PATHS}")
         if (path == "module") != (agent is not None):
             raise ValueError("the module path, and only it, takes the agent module")
         self.spec, self.layout, self.autocast, self.path = spec, layout, autocast, path
         self.constants = dict(spec.constants)
-        self.eager_agent = agent
+        self.eager_agent, self.rank_mean = agent, rank_mean
         self.members_gradient = None
         if path == "members_hand":
             if not hand_gradient_applies(spec, layout, autocast):
@@ -167,10 +171,10 @@ class Update:
 
     @classmethod
     def for_run(cls, spec: UpdateSpec, layout: FlatLayout, autocast, members: int, compiled: bool,
-                agent: torch.nn.Module) -> "Update":
+                agent: torch.nn.Module, rank_mean=None) -> "Update":
         """The update a run of ``members`` members takes, compiled or not: its path from ``step_path``."""
         path = step_path(members, compiled, spec.loss_scaling, members > 1 and hand_gradient_applies(spec, layout, autocast))
-        return cls(spec, layout, autocast, path, agent if path == "module" else None)
+        return cls(spec, layout, autocast, path, agent if path == "module" else None, rank_mean)
 
     def init_opt_state(self, params: torch.Tensor) -> dict:
         """Zero optimizer state for ``params [..., P]`` (and the fp16 loss scale)."""
@@ -301,6 +305,16 @@ class Update:
             grad = grads[0] if len(grads) == 1 else torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
         return (grad / scale[:, None] if scale is not None else grad), loss.detach(), stats
 
+    def across_ranks(self, grad, loss, stats: dict):
+        """torchrun: ``(grad, loss, stats)`` with the gradient, the loss and approx_kl (where the loss has one)
+        averaged over the ranks by ``rank_mean``, packed into one all-reduce. The other statistics stay this rank's."""
+        scalars = [loss] + ([stats["approx_kl"]] if "approx_kl" in stats else [])
+        size = grad.shape[-1]
+        packed = self.rank_mean(torch.cat([grad, torch.stack(scalars, dim=-1).to(grad.dtype)], dim=-1))
+        if "approx_kl" in stats:
+            stats = {**stats, "approx_kl": packed[..., size + 1]}
+        return packed[..., :size], packed[..., size], stats
+
     def apply(self, params, opt_state: dict, grad, loss, hparams: dict, keep=None):
         """Clip, guard and optimizer math, out of place: ``(params, opt_state, grad_norm, nonfinite, applied)``.
         ``keep`` (bool, default True): False computes the step and drops it (target_kl's early stop). Works on one
@@ -337,6 +351,8 @@ class Update:
         for j in range(1 if index is None else index.shape[-2]):
             minibatch = self.minibatch(batch, index, j)
             grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
+            if self.rank_mean is not None:
+                grad, loss, stats = self.across_ranks(grad, loss, stats)
             params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                           keep=active)
             stats = {**stats, "grad_norm": grad_norm}

@@ -1,5 +1,6 @@
-"""Data-parallel training under torchrun on CPU (gloo): learning, identical parameters, global step,
-rank-0-only outputs and recovery of a killed rank through --max-restarts."""
+"""Data-parallel training under torchrun on CPU (gloo): the update equal to one process's on the global batch,
+learning, identical parameters, global step, rank-0-only outputs and recovery of a killed rank through
+--max-restarts."""
 import json
 import os
 import signal
@@ -9,16 +10,22 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import median_of_seeds
 
 FAST = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false"]
+TESTS = Path(__file__).resolve().parent
 
 
-def torchrun(args, cwd, max_restarts=0, **kwargs):
+def torchrun(args, cwd, max_restarts=0, script=None, **kwargs):
+    """Two ranks of ``fastrl.train args`` (of ``script args`` when given) under torchrun, with this checkout's fastrl
+    first on the path, whichever copy is installed."""
+    command = ["-m", "fastrl.train", *args, *FAST] if script is None else [script, *args]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           f"--max-restarts={max_restarts}", "-m", "fastrl.train", *args, *FAST]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+           f"--max-restarts={max_restarts}", *command]
+    path = os.pathsep.join(filter(None, [str(TESTS.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
@@ -50,6 +57,29 @@ def _only_run_dir(tmp_path):
     run_dirs = [p for p in (tmp_path / "runs").iterdir() if not p.name.startswith(".")]
     assert len(run_dirs) == 1, f"only rank 0 writes a run directory, found {run_dirs}"
     return run_dirs[0]
+
+
+@pytest.mark.parametrize("compile_mode", ["off", "default"])
+def test_torchrun_update_equals_one_process_on_the_global_batch(tmp_path, compile_mode):
+    """Exact: one PPO update under torchrun (2 ranks, the same ``Trainer.minibatch_steps`` as one process, eager or
+    compiled with the all-reduce in the graph) leaves both ranks with bit-identical weights, within 1e-6 of a
+    one-process update of both ranks' rows, every minibatch the ranks' minibatches side by side. The ranks' approx_kl
+    straddle target_kl, so both stop after the first epoch only if the early stop reads their mean
+    (tests/distributed_update_twin.py)."""
+    proc = torchrun([compile_mode, str(tmp_path)], cwd=tmp_path, script=str(TESTS / "distributed_update_twin.py"))
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    for result in ranks:
+        run, single = result["torchrun"], result["single"]
+        assert torch.equal(run["initial"], single["initial"])
+        assert run["compiled"] == (compile_mode != "off") and not single["compiled"]
+        if compile_mode != "off":  # one epoch per call: the all-reduce and the early stop inside the graph
+            assert run["steps_per_call"] == 2 and run["step_path"] == "functional"
+        assert run["n_updates"] == single["n_updates"] == 2, "target_kl did not stop the update after one epoch"
+        assert not torch.equal(run["params"], run["initial"])
+        torch.testing.assert_close(run["params"], single["params"], atol=1e-6, rtol=0)
+    assert torch.equal(ranks[0]["torchrun"]["params"], ranks[1]["torchrun"]["params"])
 
 
 @pytest.mark.parametrize("per_rank", [False, True])

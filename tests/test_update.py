@@ -259,7 +259,6 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert compile_plan("auto", cpu, long, n_epochs=5, n_minibatches=5).steps_per_call == 5
     assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=7).steps_per_call == 7
     assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=11).steps_per_call == 1
-    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2, distributed=True).steps_per_call == 1
 
 
 def test_the_compile_cache_is_fastrls_even_after_torch_wrote_its_default(tmp_path, monkeypatch):
