@@ -39,7 +39,8 @@ in one compiled call); ``Update.gradient`` and ``Update.apply`` are a step's two
 takes ``rank_mean`` (``fastrl.distributed.rank_mean``) and each step averages its gradient over the ranks between
 the two, in one all-reduce that also carries the loss and approx_kl (``Update.across_ranks``): every rank then
 takes the step of the global minibatch, skips it when it is non-finite on any rank, and stops on target_kl at the
-same step. Nothing else differs from one process, compiled or eager. fp16 (CUDA) scales the loss dynamically, with the scale in ``opt_state``.
+same step. Nothing else differs from one process, compiled or eager. fp16 (CUDA) scales the loss dynamically,
+with the scale in ``opt_state``.
 """
 from __future__ import annotations
 
@@ -307,7 +308,9 @@ class Update:
 
     def across_ranks(self, grad, loss, stats: dict):
         """torchrun: ``(grad, loss, stats)`` with the gradient, the loss and approx_kl (where the loss has one)
-        averaged over the ranks by ``rank_mean``, packed into one all-reduce. The other statistics stay this rank's."""
+        averaged over the ranks by ``rank_mean``, packed into one all-reduce. The loss and approx_kl ride along so
+        that ``apply``'s finite check and target_kl's stop decide alike on every rank (a mean is non-finite when any
+        rank's is), at no extra collective; the other statistics stay this rank's."""
         scalars = [loss] + ([stats["approx_kl"]] if "approx_kl" in stats else [])
         size = grad.shape[-1]
         packed = self.rank_mean(torch.cat([grad, torch.stack(scalars, dim=-1).to(grad.dtype)], dim=-1))
