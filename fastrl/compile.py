@@ -94,6 +94,8 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
     if mode != "auto":
         rollout = update = mode
     elif device.type == "cuda":
+        # Under torchrun the update's NCCL all-reduce is then captured in the CUDA graph too: checked with gloo on
+        # CPU only (tests/test_distributed.py), never yet on two GPUs.
         rollout = update = "reduce-overhead"
     else:
         rollout_needs = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
