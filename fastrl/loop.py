@@ -195,8 +195,11 @@ def _plain(metrics: dict) -> dict:
 
 
 # One logged name per figure, as CleanRL names them; the trainer's episode_summary() keys stay the summary's.
+# charts/episodic_return is the mean return of the last 100 episodes; charts/episodic_return_last is one episode's own
+# return, the last to end before the row: the figure CleanRL logs as charts/episodic_return, for every episode.
 EPISODE_METRICS = {"episode_return_mean": "charts/episodic_return", "episode_length_mean": "charts/episodic_length",
-                   "episodes": "charts/episodes", "episode_window_full": "charts/episode_window_full"}
+                   "episodes": "charts/episodes", "episode_window_full": "charts/episode_window_full",
+                   "episode_return_last": "charts/episodic_return_last"}
 
 
 def episode_metrics(recent: dict) -> dict:
