@@ -228,18 +228,18 @@ def agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:
 
 def release_run_dir(path: Path, discard_unused: bool = False) -> None:
     """Give up this process's lock on ``path`` (no-op if it holds none). ``discard_unused``: a start that failed
-    before writing anything leaves no directory behind (the lock file and the then empty directory go)."""
+    before writing any of a run's files leaves nothing behind: the lock file goes, and the directory if then empty."""
     lock = _HELD.pop(str(path), None)
     if lock is None:
         return
-    unused = discard_unused and [entry.name for entry in path.iterdir()] == [LOCK_FILE]
+    unused = discard_unused and not holds_run(path)
     if unused:
         lock.path.unlink(missing_ok=True)  # while still held: no other process can have taken it meanwhile
     lock.release()
     if unused:
         try:
             path.rmdir()
-        except OSError:  # something appeared in it meanwhile: it stays
+        except OSError:  # the user's own files are in it: it stays
             pass
 
 
