@@ -139,8 +139,6 @@ class EvalCallback:
                  **unsupported):
         if unsupported:
             raise UserError(f"EvalCallback takes no {', '.join(sorted(unsupported))}; it takes {self.TAKES}")
-        if every_steps is not None and eval_freq is not None:
-            raise UserError("EvalCallback: give every_steps (env steps) or eval_freq (SB3's, vectorized steps), not both")
         if n_eval_episodes is not None:
             episodes = n_eval_episodes
         for name, value in (("every_steps", every_steps), ("every_iterations", every_iterations),
@@ -148,6 +146,8 @@ class EvalCallback:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise UserError(f"EvalCallback {name} must be an int >= 0, got {value!r} (it evaluates on fresh envs "
                                 f"of the run's own env: there is no eval_env; it takes {self.TAKES})")
+        if every_steps is not None and eval_freq is not None:
+            raise UserError("EvalCallback: give every_steps (env steps) or eval_freq (SB3's, vectorized steps), not both")
         if every_steps is None and eval_freq is None and not every_iterations:
             every_steps = 10_000
         if not (every_steps or eval_freq or every_iterations):
