@@ -3,8 +3,9 @@
 A callback is any callable ``callback(metrics, run) -> bool | None``:
 
 - ``metrics``: this iteration's figures as plain Python numbers: the update's (``losses/policy_loss``,
-  ``charts/learning_rate``, ...) and the last-100-episode ones, under the names the logs use (``charts/episodic_return``,
-  ``charts/episodic_length``, ``charts/episodes``, once an episode has ended). The callbacks of a run share one dict, in order, so a callback can add
+  ``charts/learning_rate``, ...) and the episode ones, under the names the logs use (``charts/episodic_return`` and
+  ``charts/episodic_length``: last-100-episode means; ``charts/episodic_return_last``: the last episode's own return;
+  ``charts/episodes``; once an episode has ended). The callbacks of a run share one dict, in order, so a callback can add
   figures for the ones after it (``EvalCallback`` adds ``eval/return_mean`` on the iterations it evaluates).
 - ``run``: a ``RunContext``: ``trainer``, ``agent``, ``cfg``, ``global_step``, ``iteration``, ``run_dir``, ``is_main``,
   and ``log(metrics)``, which writes a row to every logging sink at the current step.

@@ -124,10 +124,11 @@ def flag_hint(flag: str, flags) -> str:
 def policy_hint(policy: str) -> str | None:
     """What fastrl does instead of a Stable-Baselines3 policy or algorithm named as ``policy``, or None."""
     module, _, name = policy.rpartition(":")
-    name = name.rsplit(".", 1)[-1]
-    if name in POLICY_NAMES:
-        return POLICY_NAMES[name]
-    if module.split(".")[0] in _SB3_MODULES:
+    if module and module.split(".")[0] not in _SB3_MODULES:
+        return None  # a class of the user's own module, whatever its name
+    if name.rsplit(".", 1)[-1] in POLICY_NAMES:
+        return POLICY_NAMES[name.rsplit(".", 1)[-1]]
+    if module:
         return ("policy takes your own nn.Module actor-critic class (module:ClassName, built as cls(observation_shape, "
                 "action_spec, config)), not a Stable-Baselines3 class")
     return None

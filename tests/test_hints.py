@@ -43,6 +43,10 @@ def test_other_libraries_keys_get_fastrls_name(key, expected):
     assert "rollback" not in message and "max_policy_lag" not in message and "env_threads" not in message
 
 
+def test_a_users_own_policy_class_may_bear_an_sb3_name():
+    assert make_config({"policy": "mymod:MlpLstmPolicy"}).policy == "mymod:MlpLstmPolicy"
+
+
 def test_sb3_spellings_fastrl_shares_are_keys():
     cfg = make_config({"n_epochs": 3, "ent_coef": 0.01, "gae_lambda": 0.9, "vf_coef": 0.4, "max_grad_norm": 1.0})
     assert (cfg.n_epochs, cfg.ent_coef, cfg.gae_lambda, cfg.vf_coef, cfg.max_grad_norm) == (3, 0.01, 0.9, 0.4, 1.0)
