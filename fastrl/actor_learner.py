@@ -670,7 +670,8 @@ class ActorLearnerTrainer(TrainerDefaults):
         if returns.numel() == 0:
             return {}
         return {"episode_return_mean": returns.mean().item(), "episode_length_mean": lengths.double().mean().item(),
-                "episode_window_full": returns.numel() == self.episodes.window, "episodes": self.episodes.count}
+                "episode_window_full": returns.numel() == self.episodes.window, "episodes": self.episodes.count,
+                "episode_return_last": self.episodes.recent(1)[0].item()}
 
     def normalizer_state(self, m: int = 0) -> None:
         return None  # observation/reward normalization is refused for impala/appo (config.validate)

@@ -1,4 +1,4 @@
-"""The Python API: ``fastrl.train(...) -> Run`` and ``fastrl.load(path) -> Agent``.
+"""The Python API: ``fastrl.train(...) -> Run``, ``fastrl.load(path) -> Agent`` and ``fastrl.evaluate(path)``.
 
 ::
 
@@ -21,24 +21,105 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError
+from fastrl.config import FIELDS, Config, UserError, _unknown_key
 from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
 
 
-def train(env=None, algo: str | None = None, config=None, callbacks=(), **overrides) -> Run:
+def train(
+        env: str | type | Callable | None = None, algo: str | None = None,
+        config: str | os.PathLike | dict | Config | None = None, callbacks: Callable | Iterable[Callable] | None = (),
+        *,
+        # run
+        total_steps: int | None = None, seed: int | None = None, n_seeds: int | None = None, vary: dict | None = None,
+        device: str | None = None, run_dir: str | os.PathLike | None = None, overwrite: bool | None = None,
+        per_rank: bool | None = None, torch_threads: int | None = None, deterministic: bool | None = None,
+        resume: str | os.PathLike | None = None,
+        # environment
+        n_envs: int | None = None, env_backend: str | None = None, env_threads: int | None = None,
+        env_mode: str | None = None, normalize_obs: bool | None = None, normalize_reward: bool | None = None,
+        obs_clip: float | None = None, reward_clip: float | None = None, time_feature: bool | None = None,
+        frame_skip: int | None = None, frame_stack: int | None = None, noop_max: int | None = None,
+        episodic_life: bool | None = None, clip_atari_reward: bool | None = None,
+        # model
+        hidden_sizes: list[int] | None = None, pi_sizes: list[int] | None = None, vf_sizes: list[int] | None = None,
+        policy: str | type | None = None, activation: str | None = None, shared_trunk: bool | None = None,
+        init_log_std: float | None = None, use_sde: bool | None = None, sde_sample_freq: int | None = None,
+        ortho_init: bool | None = None, encoder: str | None = None, amp: str | None = None, compile: str | None = None,
+        # algorithm (every algorithm)
+        n_steps: int | None = None, lr: float | None = None, anneal_lr: bool | None = None,
+        lr_floor: float | None = None, adam_eps: float | None = None, optimizer: str | None = None,
+        rmsprop_alpha: float | None = None, rmsprop_eps: float | None = None, gamma: float | None = None,
+        gae_lambda: float | None = None, ent_coef: float | None = None, vf_coef: float | None = None,
+        max_grad_norm: float | None = None,
+        # PPO
+        n_epochs: int | None = None, n_minibatches: int | None = None, clip_coef: float | None = None,
+        anneal_clip: bool | None = None, clip_vloss: bool | None = None, norm_adv: bool | None = None,
+        target_kl: float | None = None,
+        # IMPALA / APPO
+        n_actors: int | None = None, n_slots: int | None = None, learner_batch: int | None = None,
+        sync_interval: int | None = None, max_policy_lag: int | None = None, rho_bar: float | None = None,
+        c_bar: float | None = None, vtrace_lambda: float | None = None, actor_timeout_s: float | None = None,
+        actors: str | None = None, ray_address: str | None = None, actor_resources: str | None = None,
+        # logging, checkpoints, evaluation
+        log_interval: int | None = None, progress: bool | None = None, quiet: bool | None = None,
+        tensorboard: bool | None = None, wandb: str | None = None, wandb_project: str | None = None,
+        checkpoint_interval: int | None = None, keep_checkpoints: int | None = None, eval_episodes: int | None = None,
+        eval_seeds: int | None = None, eval_interval: int | None = None, eval_deterministic: bool | None = None,
+        eval_max_episode_steps: int | None = None, eval_max_steps: int | None = None,
+        stop_at_return: float | None = None, capture_video: bool | None = None, video_member: int | None = None,
+        plot: bool | None = None,
+        # guards
+        rollback: bool | None = None, rollback_drop: float | None = None, rollback_lr_factor: float | None = None,
+        max_rollbacks: int | None = None, rollback_patience: int | None = None,
+        max_nonfinite_iterations: int | None = None,
+        **unknown) -> Run:
     """Train an agent and return the finished ``Run``.
 
     ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory (None: the config's,
-    else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a dict of config keys
-    or a ``Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called after every iteration (False stops
-    the run; see ``fastrl.callbacks``). ``overrides``: config keys (``total_steps=50_000, n_envs=16``), which win
-    over ``config``; ``resume=run_dir`` continues a run as ``--resume`` does.
+    else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a tuned config's
+    name, a dict of config keys or a ``fastrl.Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called
+    after every iteration (False stops the run; see ``fastrl.callbacks``).
+
+    Every keyword after them is a field of ``fastrl.Config`` of the same name and type (its meaning and default:
+    ``fastrl train --help``, where ``n_envs`` is ``--n-envs``); None, the default, leaves it to ``config``, else to
+    the env's tuned config or the defaults. Given, it wins over ``config``. ``resume=run_dir`` continues a run as
+    ``--resume`` does; ``policy`` also takes the class itself. By group:
+
+    - run: ``total_steps``, ``seed``, ``n_seeds``, ``vary``, ``device``, ``run_dir``, ``overwrite``, ``per_rank``,
+      ``torch_threads``, ``deterministic``, ``resume``
+    - environment: ``n_envs``, ``env_backend``, ``env_threads``, ``env_mode``, ``normalize_obs``,
+      ``normalize_reward``, ``obs_clip``, ``reward_clip``, ``time_feature``, ``frame_skip``, ``frame_stack``,
+      ``noop_max``, ``episodic_life``, ``clip_atari_reward``
+    - model: ``hidden_sizes``, ``pi_sizes``, ``vf_sizes``, ``policy``, ``activation``, ``shared_trunk``,
+      ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``encoder``, ``amp``, ``compile``
+    - algorithm (every algorithm): ``n_steps``, ``lr``, ``anneal_lr``, ``lr_floor``, ``adam_eps``, ``optimizer``,
+      ``rmsprop_alpha``, ``rmsprop_eps``, ``gamma``, ``gae_lambda``, ``ent_coef``, ``vf_coef``, ``max_grad_norm``
+    - PPO: ``n_epochs``, ``n_minibatches``, ``clip_coef``, ``anneal_clip``, ``clip_vloss``, ``norm_adv``,
+      ``target_kl``
+    - IMPALA / APPO: ``n_actors``, ``n_slots``, ``learner_batch``, ``sync_interval``, ``max_policy_lag``,
+      ``rho_bar``, ``c_bar``, ``vtrace_lambda``, ``actor_timeout_s``, ``actors``, ``ray_address``,
+      ``actor_resources``
+    - logging, checkpoints, evaluation: ``log_interval``, ``progress``, ``quiet``, ``tensorboard``, ``wandb``,
+      ``wandb_project``, ``checkpoint_interval``, ``keep_checkpoints``, ``eval_episodes``, ``eval_seeds``,
+      ``eval_interval``, ``eval_deterministic``, ``eval_max_episode_steps``, ``eval_max_steps``,
+      ``stop_at_return``, ``capture_video``, ``video_member``, ``plot``
+    - guards: ``rollback``, ``rollback_drop``, ``rollback_lr_factor``, ``max_rollbacks``, ``rollback_patience``,
+      ``max_nonfinite_iterations``
+
+    Any other keyword is a one-line ``UserError`` naming the key meant (``learning_rate`` -> ``lr``, SB3's
+    ``policy_kwargs`` -> its keys here).
     """
+    # Every parameter but env, algo, config and callbacks is a config key: those given (not None) override.
+    overrides = {name: value for name, value in locals().items()
+                 if name in FIELDS and name not in ("env", "algo") and value is not None}
+    if unknown:
+        raise _unknown_key(next(iter(unknown)), "the fastrl.train() arguments")
     refuse_in_spawned_child()
     from fastrl.callbacks import check_callbacks
     from fastrl.train import resolve_config, run
@@ -168,6 +249,21 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
     state = select_member(state, member, f"checkpoint {target}")
     cfg = checkpoint_config(state, f"checkpoint {target}", env)  # a saved module:Name env is used only if passed
     return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
+
+
+def evaluate(path: str | os.PathLike, *, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
+             env: str | type | Callable | None = None, best: bool = False, member: int | None = None,
+             device: str = "cpu", max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:
+    """Evaluate a saved agent: ``fastrl.load(path, best=..., env=..., device=..., member=...).evaluate(...)``, as
+    ``fastrl eval`` does. ``path``: a checkpoint file or a run directory (its newest checkpoint; ``best=True``: the
+    ``EvalCallback``'s best). Plays ``episodes`` whole episodes on each of ``seeds`` fresh envs of the run's env (or
+    ``env``, an id, ``module:Id``, class or factory); ``deterministic``: the policy's mode, False samples (None: the
+    run's ``eval_deterministic``); an episode is cut after ``max_episode_steps`` and the evaluation after
+    ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``). Returns the
+    returns, float64 ``[seeds * episodes]``."""
+    agent = load(path, best=best, env=env, device=device, member=member)
+    return agent.evaluate(episodes=episodes, seeds=seeds, deterministic=deterministic,
+                          max_episode_steps=max_episode_steps, max_steps=max_steps)
 
 
 def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:

@@ -8,7 +8,7 @@ import sys
 
 from fastrl.config import UserError
 
-USAGE = """usage: fastrl {train,tune,eval,plot,bench} ...
+USAGE = """usage: fastrl {train,tune,eval,plot,bench} ... | fastrl --version
 
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
   fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] [--trial-seeds S] [--trial-steps N]
@@ -47,16 +47,20 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="cut the evaluation after this many env steps, all envs together (default: the run's "
                              "eval_max_steps, 1,000,000)")
-    stop = {"stop": None}
-    previous_handlers = {}
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(argv)  # --help exits here, before torch is imported
         if args.episodes <= 0 or args.seeds <= 0:
             raise UserError("--episodes and --seeds must be positive")
         if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
             raise UserError("--max-episode-steps and --max-steps must be positive")
-        from fastrl.evaluate import EvaluationStopped, evaluate_checkpoint
-        from fastrl.loop import install_stop_handlers
+    except UserError as e:
+        print(f"fastrl eval: error: {e}", file=sys.stderr)
+        return 2
+    from fastrl.evaluate import EvaluationStopped, evaluate_checkpoint
+    from fastrl.loop import install_stop_handlers
+    stop = {"stop": None}
+    previous_handlers = {}
+    try:
         previous_handlers = install_stop_handlers(stop)
         returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
                                            args.env, deterministic=args.deterministic, max_steps=args.max_episode_steps,
@@ -103,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        import fastrl
+        print(f"fastrl {fastrl.__version__}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command == "train":
         from fastrl.train import main as train_main

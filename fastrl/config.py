@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import math
 import os
 import re
@@ -16,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from fastrl.hints import flag_hint, key_hint, policy_hint
 
 
 class UserError(Exception):
@@ -304,6 +305,8 @@ class Config:
         if self.shared_trunk and (self.pi_sizes or self.vf_sizes):
             raise UserError("pi_sizes/vf_sizes give the policy and value separate trunks, and shared_trunk shares one: "
                             "drop one of them (shared_trunk uses hidden_sizes)")
+        if self.policy and policy_hint(self.policy):
+            raise UserError(f"policy={self.policy!r}: {policy_hint(self.policy)}")
         if self.policy and not re.fullmatch(r"[\w.]+:[\w.]+", self.policy):
             raise UserError(f"policy={self.policy!r} is not module:ClassName; name a module-level nn.Module class")
         if not 0 <= self.seed < 2**32:
@@ -517,23 +520,10 @@ def _coerce_vary(value) -> dict:
     return out
 
 
-def _as_key(flag_hint: str) -> str:
-    """A ``FLAG_ALIASES`` hint as config keys read: ``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` ->
-    ``n_minibatches (...)``."""
-    flag, _, rest = flag_hint.partition(" ")
-    key = flag.removeprefix("--").replace("-", "_")
-    if not rest:
-        return key
-    return f"{key} {rest}" if rest.startswith("(") else f"{key}={rest}"
-
-
 def _unknown_key(name: str, where: str) -> UserError:
-    """A config key (YAML, Python keyword) that does not exist: the one meant, as for flags (CleanRL's and SB3's
-    spellings first, then close matches)."""
-    alias = FLAG_ALIASES.get(name.lower().replace("_", "-"))
-    close = [_as_key(alias)] if alias else difflib.get_close_matches(name, FIELDS, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see --help for the valid keys"
-    return UserError(f"unknown config key {name!r} in {where}{hint}")
+    """A config key (YAML, Python keyword) that does not exist: the one meant (``fastrl.hints``: other libraries'
+    spellings first, then typos of ours)."""
+    return UserError(f"unknown config key {name!r} in {where}; {key_hint(name, FIELDS)}")
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -607,22 +597,6 @@ HELP_GROUPS = (("run", "algo"), ("environment", "env_backend"), ("model", "hidde
                ("logging, checkpoints, evaluation", "log_interval"), ("guards", "rollback"))
 HELP_GROUP_OF = {"env": "environment", "n_envs": "environment", "resume": "run"}
 
-# Flags as CleanRL, Stable-Baselines3 and the RL Zoo spell them: the "did you mean" of an unknown flag.
-_MINIBATCH_HINT = "--n-minibatches (the minibatch size is n_envs * n_steps / n_minibatches)"
-FLAG_ALIASES = {
-    "num-envs": "--n-envs", "env-id": "--env", "env-name": "--env", "learning-rate": "--lr",
-    "total-timesteps": "--total-steps", "n-timesteps": "--total-steps", "timesteps": "--total-steps",
-    "num-steps": "--n-steps", "update-epochs": "--n-epochs", "num-minibatches": "--n-minibatches",
-    "batch-size": _MINIBATCH_HINT, "minibatch-size": _MINIBATCH_HINT, "clip-range": "--clip-coef",
-    "clip-range-vf": "--clip-vloss", "normalize-advantage": "--norm-adv", "norm-obs": "--normalize-obs",
-    "norm-reward": "--normalize-reward", "entropy-coef": "--ent-coef", "value-coef": "--vf-coef",
-    "lambda": "--gae-lambda", "torch-deterministic": "--deterministic", "cuda": "--device cuda",
-    "track": "--wandb online", "wandb-project-name": "--wandb-project", "exp-name": "--run-dir",
-    "net-arch": "--hidden-sizes", "hidden-size": "--hidden-sizes", "n-eval-episodes": "--eval-episodes",
-    "eval-freq": "--eval-interval", "save-freq": "--checkpoint-interval", "num-actors": "--n-actors",
-}
-
-
 def configs_root() -> Path | None:
     """The folder of the tuned YAML configs: the installed package's data, or a source checkout's top-level configs/."""
     here = Path(__file__).resolve().parent
@@ -694,31 +668,24 @@ def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
     return parser
 
 
-def _unrecognized(extras: list[str]) -> UserError:
-    """One line for the first argument no flag took: the flag meant, when a spelling of it is known."""
+def _unrecognized(extras: list[str], also: tuple = ()) -> UserError:
+    """One line for the first argument no flag took: the flag meant, when a spelling of it is known (``also``: the
+    command's own flags besides the config's, without ``--``)."""
     token = next((t for t in extras if t.startswith("-")), extras[0])
     if not token.startswith("-"):
         return UserError(f"unrecognized argument {token!r}; flags take the form --name value (see --help)")
     name = token.split("=", 1)[0]
-    key = name.lstrip("-").lower().replace("_", "-")
-    flags = sorted({n.replace("_", "-") for n in FIELDS} | {"config"})
-    if key in flags:
-        hint = f"--{key}"
-    elif key in FLAG_ALIASES:
-        hint = FLAG_ALIASES[key]
-    else:
-        close = difflib.get_close_matches(key, flags, n=1, cutoff=0.6)
-        hint = f"--{close[0]}" if close else None
-    if hint:
-        return UserError(f"unrecognized flag {name}; did you mean {hint}?")
-    return UserError(f"unrecognized flag {name}; see --help for the flags")
+    flags = sorted({n.replace("_", "-") for n in FIELDS} | {"config", *also})
+    return UserError(f"unrecognized flag {name}; {flag_hint(name, flags)}")
 
 
-def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[dict, str | None]:
-    """The flags the user actually passed (as raw strings) and the ``--config`` path or name."""
+def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train",
+                        also: tuple = ()) -> tuple[dict, str | None]:
+    """The flags the user actually passed (as raw strings) and the ``--config`` path or name (``also``: the
+    command's own flags, offered by an unknown flag's hint)."""
     args, extras = build_parser(prog).parse_known_args(argv)
     if extras:
-        raise _unrecognized(extras)
+        raise _unrecognized(extras, also)
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     if "hidden_sizes" in overrides:
         overrides["hidden_sizes"] = " ".join(overrides["hidden_sizes"])

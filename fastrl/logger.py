@@ -170,6 +170,23 @@ class TensorBoardRuns:
             writer.close()
 
 
+# wandb's own spellings of its modes (WANDB_MODE), as the config's wandb key spells them.
+_WANDB_MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline", "disabled": "disabled"}
+
+
+def wandb_from_env(mode: str, project: str) -> tuple[str, str]:
+    """The wandb mode and project a run uses: the standard environment variables (``WANDB_MODE``, ``WANDB_DISABLED``,
+    ``WANDB_PROJECT``) win over the config's defaults (offline, fastrl); a value set in the config wins over them."""
+    from fastrl.config import FIELDS
+    if mode == FIELDS["wandb"].default:
+        if os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1", "yes"):
+            mode = "disabled"
+        mode = _WANDB_MODES.get(os.environ.get("WANDB_MODE", "").strip().lower(), mode)
+    if project == FIELDS["wandb_project"].default:
+        project = os.environ.get("WANDB_PROJECT") or project
+    return mode, project
+
+
 def open_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str, start_step: int):
     """A fresh run logs one wandb run. A resumed one (``start_step`` > 0) continues the series: online, as a
     fork of the previous segment at ``start_step`` (wandb keeps history append-only, so the crashed tail past
@@ -177,10 +194,12 @@ def open_wandb(run_dir: Path, config: dict, mode: str, project: str, name: str, 
     import wandb
     os.environ.setdefault("WANDB_SILENT", "true")
     id_file = run_dir / "wandb" / "fastrl_run_id"
-    kwargs = dict(mode=mode, project=project, dir=str(run_dir), config=config, group=run_dir.name,
-                  name=name, reinit="finish_previous")
+    # WANDB_DIR, WANDB_NAME and WANDB_RUN_GROUP, when set, win over the run's own folder, name and group
+    kwargs = dict(mode=mode, project=project, dir=os.environ.get("WANDB_DIR") or str(run_dir), config=config,
+                  group=os.environ.get("WANDB_RUN_GROUP") or run_dir.name, name=os.environ.get("WANDB_NAME") or name,
+                  reinit="finish_previous")
     if start_step:
-        kwargs["name"] = f"{name}@{start_step}"
+        kwargs["name"] = f"{kwargs['name']}@{start_step}"
         if mode == "online" and id_file.is_file():
             kwargs["fork_from"] = f"{id_file.read_text().strip()}?_step={start_step}"
     run = wandb.init(**kwargs)
@@ -389,6 +408,7 @@ class RunLogger(NullLogger):
                  n_members: int = 1, sink_process: bool = False, plot: bool = False):
         """``plot``: the run ends with ``write_plot``, drawn by the sink process when there is one."""
         self.run_dir = Path(run_dir)
+        wandb_mode, wandb_project = wandb_from_env(wandb_mode, wandb_project)
         # Unbuffered bytes: each row is one write, and a row a full disk cut short is cut off again (see log).
         self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
         sink_args = dict(run_dir=str(self.run_dir), config=config, start_step=start_step, tensorboard=tensorboard,

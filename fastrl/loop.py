@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from fastrl import distributed
-from fastrl.callbacks import RunContext, run_callbacks
+from fastrl.callbacks import CallbackError, RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.envs import EnvError
 from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
@@ -195,8 +195,11 @@ def _plain(metrics: dict) -> dict:
 
 
 # One logged name per figure, as CleanRL names them; the trainer's episode_summary() keys stay the summary's.
+# charts/episodic_return is the mean return of the last 100 episodes; charts/episodic_return_last is one episode's own
+# return, the last to end before the row: the figure CleanRL logs as charts/episodic_return, for every episode.
 EPISODE_METRICS = {"episode_return_mean": "charts/episodic_return", "episode_length_mean": "charts/episodic_length",
-                   "episodes": "charts/episodes", "episode_window_full": "charts/episode_window_full"}
+                   "episodes": "charts/episodes", "episode_window_full": "charts/episode_window_full",
+                   "episode_return_last": "charts/episodic_return_last"}
 
 
 def episode_metrics(recent: dict) -> dict:
@@ -248,6 +251,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     last_log_time, last_log_step = start_time, trainer.global_step
     run_context, stopped_by_callback = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step), False
     env_error = None  # the user's env raised: the run stops as a stop signal stops it, then the error is raised
+    callback_error = None  # a callback of the wrong signature: the run ends as a callback's False ends it, then raises
     try:
         while not trainer.finished() and stop["stop"] is None:
             try:
@@ -308,8 +312,12 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
                 save_if_finite(trainer, run_dir)
-            if callbacks and not run_callbacks(callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())},
-                                                run_context):
+            try:
+                go_on = not callbacks or run_callbacks(
+                    callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())}, run_context)
+            except CallbackError as e:  # raised after the summary, as an env's error is
+                callback_error, go_on = e, False
+            if not go_on:
                 stopped_by_callback = True
                 break
         wall_time = time.perf_counter() - start_time
@@ -321,7 +329,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                    "episodes": final_episodes.get("episodes", 0),
                    "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
                    "stop_signal": signal.Signals(stop["stop"]).name if stop["stop"] else None,
-                   "stopped_by_error": str(env_error) if env_error else None,
+                   "stopped_by_error": str(env_error or callback_error) if env_error or callback_error else None,
                    "stopped_by_callback": stopped_by_callback,
                    "resumed_from_step": start_step, "rollbacks": sum(guard.rollbacks for guard in guards),
                    "reached_return": threshold is not None,
@@ -365,8 +373,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if cfg.plot:
                 logger.write_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
-        if env_error is not None:
-            raise env_error
+        if env_error is not None or callback_error is not None:
+            raise env_error or callback_error
         return summary
     finally:
         for sig, handler in previous_handlers.items():

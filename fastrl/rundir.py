@@ -226,11 +226,21 @@ def agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:
     return Path(choice)
 
 
-def release_run_dir(path: Path) -> None:
-    """Give up this process's lock on ``path`` (no-op if it holds none)."""
+def release_run_dir(path: Path, discard_unused: bool = False) -> None:
+    """Give up this process's lock on ``path`` (no-op if it holds none). ``discard_unused``: a start that failed
+    before writing any of a run's files leaves nothing behind: the lock file goes, and the directory if then empty."""
     lock = _HELD.pop(str(path), None)
-    if lock is not None:
-        lock.release()
+    if lock is None:
+        return
+    unused = discard_unused and not holds_run(path)
+    if unused:
+        lock.path.unlink(missing_ok=True)  # while still held: no other process can have taken it meanwhile
+    lock.release()
+    if unused:
+        try:
+            path.rmdir()
+        except OSError:  # the user's own files are in it: it stays
+            pass
 
 
 def clear_run(path: Path) -> None:

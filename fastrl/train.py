@@ -3,8 +3,8 @@
 One file serves a single process and ``torchrun`` alike: ``distributed.setup`` reads RANK/WORLD_SIZE, rank 0
 alone writes the run directory, and gradients are averaged across ranks once per minibatch.
 
-Called, this module is the Python API: ``fastrl.train(env=..., **overrides)`` is ``fastrl.api.train`` (the name
-``fastrl.train`` is both this module and that function; see ``_CallableModule``).
+The Python API's ``fastrl.train(env=..., **config_keys)`` is ``fastrl.api.train``, which runs ``run`` below; the
+package keeps that function under the name ``fastrl.train`` when this module is imported (see ``fastrl/__init__.py``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ if __name__ == "__main__":
 
 import json  # noqa: E402
 import threading  # noqa: E402
-import types  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
 from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
@@ -227,7 +226,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
         return summary
     finally:
         if run_dir is not None:
-            release_run_dir(run_dir)
+            release_run_dir(run_dir, discard_unused=not finished)
         distributed.cleanup(finished)
 
 
@@ -378,17 +377,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
             return 1
     return 0
 
-
-class _CallableModule(types.ModuleType):
-    """``import fastrl.train`` sets the package attribute ``fastrl.train`` to this module, replacing whatever was
-    there; so the module itself is callable, and ``fastrl.train(...)`` is the Python API before and after it."""
-
-    def __call__(self, *args, **kwargs):
-        from fastrl.api import train
-        return train(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
     sys.exit(run_as_process(main))

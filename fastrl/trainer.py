@@ -433,7 +433,8 @@ class Trainer:
         returns, lengths = self.member_stats(m).recent()
         out = {"episodes": self.member_stats(m).count, "episode_window_full": returns.numel() == self.member_stats(m).window}
         if returns.numel():
-            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item())
+            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item(),
+                       episode_return_last=self.member_stats(m).recent(1)[0].item())
         return out
 
     def episode_summary(self) -> dict:
@@ -466,8 +467,11 @@ class Trainer:
         total, count, length_total, full_ranks, episodes = sums.tolist()
         if count == 0:
             return {}
+        # The last episode's own return is this rank's (rank 0 logs it), not a reduction over ranks.
+        last = stats.recent(1)[0]
         return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
-                "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes)}
+                "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes),
+                **({"episode_return_last": last.item()} if last.numel() else {})}
 
     def member_rows(self) -> list[dict]:
         """One metrics row per member (``member``, ``seed``, ``variant``, what ``--vary`` set, its episode figures and

@@ -91,10 +91,22 @@ class Param:
 
 
 def _number(where: str, value, integer: bool = False):
+    """``value`` as a number; a string that spells one too, as YAML 1.1 leaves ``1e-4`` and ``1.5e6`` (no dot)."""
+    if isinstance(value, str):
+        value = _numeric(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
         raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {value!r}")
     return value
+
+
+def _numeric(text: str):
+    """``text`` as a number when it spells one (``"3e-4"`` -> 0.0003, ``"1.5e6"`` -> 1500000), else itself."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
 
 
 def parse_space(data, where: str) -> list[Param]:
@@ -124,6 +136,8 @@ def parse_space(data, where: str) -> list[Param]:
                     isinstance(c, (str, int, float, bool)) for c in choices):
                 raise UserError(f"{at}: categorical needs choices: a non-empty list of numbers, strings or booleans "
                                 "(a list-valued key takes strings: \"64,64\")")
+            if _TYPES[name] in (int, float):  # a number YAML read as a string (1e-4) is a number
+                choices = [_numeric(c) if isinstance(c, str) else c for c in choices]
             param = Param(name, kind, choices=tuple(choices))
         else:
             if "low" not in entry or "high" not in entry:
@@ -373,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
-    overrides, yaml_path = parse_cli_overrides(rest, prog="fastrl tune")
+    own = tuple(flag.removeprefix("--") for action in build_parser()._actions for flag in action.option_strings)
+    overrides, yaml_path = parse_cli_overrides(rest, prog="fastrl tune", also=own)
     for key in overrides:
         if key in NOT_TUNABLE and key != "seed":
             raise UserError(f"--{key.replace('_', '-')} does not apply to fastrl tune: use {NOT_TUNABLE[key]}")

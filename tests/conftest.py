@@ -47,10 +47,10 @@ def train_main(args) -> int:
     """``fastrl.train.main(args)``, restoring the SIGINT/SIGTERM handlers so pytest's Ctrl-C keeps working."""
     import signal
 
-    from fastrl import train
+    from fastrl.train import main
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
-        return train.main(args)
+        return main(args)
     finally:
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, handlers[1])

@@ -54,8 +54,9 @@ def random_policy_return(episodes: int = 200) -> float:
 
 
 # --------------------------------------------------------------------------- the name fastrl.train
-def test_import_is_light_and_fastrl_train_is_the_function_and_the_module(tmp_path):
-    """``fastrl.train(...)`` works before and after ``import fastrl.train``; ``from fastrl.train import main`` too."""
+def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_module(tmp_path):
+    """``fastrl.train`` and ``fastrl.evaluate`` are the API's functions before and after ``import fastrl.train`` /
+    ``import fastrl.evaluate`` (modules of those names); ``from fastrl.train import main`` still reaches the command."""
     check = """
         import sys
         import fastrl
@@ -70,7 +71,9 @@ def test_import_is_light_and_fastrl_train_is_the_function_and_the_module(tmp_pat
             raise AssertionError("no UserError")
 
         {body}
-        assert fastrl.train is sys.modules["fastrl.train"] and callable(main)
+        import fastrl.api, fastrl.evaluate
+        assert fastrl.train is fastrl.api.train and fastrl.evaluate is fastrl.api.evaluate, (fastrl.train, fastrl.evaluate)
+        assert sys.modules["fastrl.train"].main is main and callable(main)
         assert len(set(messages)) == 1 and "NoSuchEnv-v0" in messages[0] and "\\n" not in messages[0], messages
         print("ok")
     """

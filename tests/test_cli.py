@@ -129,14 +129,16 @@ def test_a_closed_stdout_ends_train_and_eval_without_a_traceback_and_keeps_the_r
 def test_eval_stochastic_and_caps_reach_the_evaluation(tmp_path, monkeypatch, capsys):
     """``--stochastic`` samples, ``--max-episode-steps``/``--max-steps`` cap (CartPole: return = steps, and an untrained
     policy's episodes outlast 4 steps); a cut is said in one line."""
-    import fastrl.evaluate
+    import importlib
+
     from fastrl.cli import main
+    evaluation = importlib.import_module("fastrl.evaluate")  # the module (fastrl.evaluate is the API's function)
     run_dir = tmp_path / "run"
     proc = _run(["-m", "fastrl", "train", "--n-envs", "4", "--n-steps", "32", "--n-minibatches", "2", "--n-epochs", "1",
                  "--total-steps", "128", "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET])
     assert proc.returncode == 0, proc.stderr
-    seen, play = [], fastrl.evaluate.play_first_episodes
-    monkeypatch.setattr(fastrl.evaluate, "play_first_episodes",
+    seen, play = [], evaluation.play_first_episodes
+    monkeypatch.setattr(evaluation, "play_first_episodes",
                         lambda agent, env, device, max_steps, deterministic, *rest: seen.append(deterministic)
                         or play(agent, env, device, max_steps, deterministic, *rest))
     for flags, max_steps in ((["--stochastic", "--max-episode-steps", "4"], 4), (["--max-steps", "6"], 3)):
@@ -192,7 +194,7 @@ def test_help_is_fast_and_never_imports_torch(args):
 
 
 def test_train_module_keeps_its_public_names_without_importing_torch_first():
-    code = ("import sys, fastrl.train as t; assert 'torch' not in sys.modules, 'import fastrl.train loaded torch'; "
+    code = ("import sys, fastrl.train; assert 'torch' not in sys.modules, 'import fastrl.train loaded torch'; "
             "from fastrl.train import Trainer, env_seed, run, main, config_from_cli, make_trainer; "
             "assert Trainer.__name__ == 'Trainer' and env_seed(1, 0, 0) >= 0; print('ok')")
     proc = _run(["-c", code], timeout=120)

@@ -117,6 +117,39 @@ def test_close_waits_for_a_start_still_running(fake_sinks):
     assert not closer.is_alive() and writers["tb"].rows == [(5, {"a": 1})] and writers["tb"].closed
 
 
+@pytest.mark.parametrize("environ, given, expected", [
+    ({"WANDB_MODE": "disabled"}, ("offline", "fastrl"), ("disabled", "fastrl")),
+    ({"WANDB_MODE": "online", "WANDB_PROJECT": "mine"}, ("offline", "fastrl"), ("online", "mine")),
+    ({"WANDB_MODE": "dryrun"}, ("offline", "fastrl"), ("offline", "fastrl")),
+    ({"WANDB_DISABLED": "true"}, ("offline", "fastrl"), ("disabled", "fastrl")),
+    ({"WANDB_MODE": "disabled", "WANDB_PROJECT": "mine"}, ("online", "theirs"), ("online", "theirs")),
+    ({}, ("offline", "fastrl"), ("offline", "fastrl")),
+])
+def test_wandbs_variables_win_over_the_config_defaults(monkeypatch, environ, given, expected):
+    for name in ("WANDB_MODE", "WANDB_DISABLED", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert logger_module.wandb_from_env(*given) == expected
+
+
+def test_wandb_mode_disabled_writes_no_wandb_run(tmp_path, fake_sinks, monkeypatch):
+    """The config's default (offline) with WANDB_MODE=disabled: no wandb sink, no wandb folder in the run."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_logger = RunLogger(tmp_path, {"seed": 1}, total_steps=100, tensorboard=False, wandb_mode="offline",
+                           progress=False)
+    run_logger.log({"charts/SPS": 1.0}, 1)
+    run_logger.close()
+    assert run_logger.sinks == [] and not (tmp_path / "wandb").exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    fake_sinks[0]["wandb"].set()
+    run_logger = RunLogger(tmp_path, {"seed": 1}, total_steps=100, tensorboard=False, wandb_mode="offline",
+                           progress=False)
+    run_logger.log({"charts/SPS": 1.0}, 1)
+    run_logger.close()
+    assert [sink.name for sink in run_logger.sinks] == ["wandb"] and fake_sinks[1]["wandb"].rows
+
+
 def test_sinks_that_are_off_are_never_imported(tmp_path):
     code = ("import sys; from fastrl.logger import RunLogger; "
             f"RunLogger({str(tmp_path)!r}, {{}}, 10, tensorboard=False, wandb_mode='disabled', progress=False).close(); "

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
-from fastrl import train
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.train import Trainer, config_from_cli
+from fastrl.train import Trainer, config_from_cli, main
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu"]
@@ -22,7 +21,7 @@ METRIC_KEYS = {"global_step", "charts/SPS", "charts/episodic_return", "charts/ep
 def _main(args):
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
-        assert train.main(args) == 0
+        assert main(args) == 0
     finally:  # keep pytest's Ctrl-C working whatever train does with the handlers
         signal.signal(signal.SIGINT, handlers[0])
         signal.signal(signal.SIGTERM, handlers[1])
@@ -130,7 +129,7 @@ def test_resume_with_yaml_keeps_checkpoint_values(base_run, tmp_path):
 def test_run_restores_signal_handlers(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     try:
-        assert train.main(TINY + QUIET + ["--total-steps", "128", "--eval-episodes", "0",
+        assert main(TINY + QUIET + ["--total-steps", "128", "--eval-episodes", "0",
                                           "--run-dir", str(tmp_path / "r")]) == 0
         assert signal.getsignal(signal.SIGINT) is before
     finally:

@@ -43,6 +43,23 @@ def test_a_bad_space_entry_is_one_line(space, expected):
     assert expected in one_line_error(parse_space, space, "space file s.yaml")
 
 
+def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path):
+    """YAML 1.1 reads 1e-4 and 1.5e6 (no dot) as strings: the space, the config file and the flags take them."""
+    from fastrl.config import parse_cli
+    from fastrl.tune import load_space
+    (tmp_path / "space.yaml").write_text("lr: {type: loguniform, low: 1e-5, high: 3e-4}\n"
+                                         "n_steps: {type: int, low: 1e1, high: 1.5e2}\n"
+                                         "ent_coef: {type: categorical, choices: [0, 1e-3, 1.5e-2]}\n")
+    lr, n_steps, ent_coef = load_space(str(tmp_path / "space.yaml"))
+    assert (lr.low, lr.high) == (1e-5, 3e-4) and isinstance(lr.low, float)
+    assert (n_steps.low, n_steps.high) == (10, 150) and isinstance(n_steps.low, int)
+    assert ent_coef.choices == (0, 1e-3, 1.5e-2)
+    (tmp_path / "config.yaml").write_text("lr: 1e-4\ntotal_steps: 1.5e6\n")
+    cfg = make_config(yaml_path=str(tmp_path / "config.yaml"))
+    assert (cfg.lr, cfg.total_steps) == (1e-4, 1_500_000)
+    assert parse_cli(["--lr", "3e-4", "--total-steps", "1e5"]).lr == 3e-4
+
+
 def test_a_space_value_the_base_config_refuses_is_one_line():
     params = parse_space({"gamma": {"type": "uniform", "low": 0.9, "high": 1.5}}, "space")
     assert "gamma=1.5 does not fit the base config" in one_line_error(check_space_with, make_config(), params)
