@@ -31,6 +31,7 @@ import difflib
 import functools
 import importlib
 import multiprocessing
+import sys
 import types
 import warnings
 from dataclasses import dataclass
@@ -695,7 +696,10 @@ class BatchedEnv:
             # command line); Gymnasium would also warn it line by line, through our guard's frames.
             warnings.filterwarnings("ignore", message=".*ERROR: (Received the following error|Traceback|Raising the last)",
                                     module=r"gymnasium\.vector\.async_vector_env")
-            vector_env = gymnasium.vector.SyncVectorEnv if in_process else gymnasium.vector.AsyncVectorEnv
+            # Workers fork on Linux whatever the global start method: `import torchrl` sets spawn, which re-runs a
+            # script without a __main__ guard in each worker. They run the env's code only, never CUDA.
+            vector_env = gymnasium.vector.SyncVectorEnv if in_process else functools.partial(
+                gymnasium.vector.AsyncVectorEnv, context="fork" if sys.platform.startswith("linux") else None)
             self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
