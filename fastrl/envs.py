@@ -612,13 +612,27 @@ def _env_guard():
 
         def step(self, action):
             try:
-                out = self.env.step(action)
+                obs, reward, terminated, truncated, info = self.env.step(action)
             except Exception as e:  # noqa: BLE001
                 raise EnvCodeError.from_exception(e) from None
-            self._check(out[0], "step")
-            return out
+            self._check(obs, "step")
+            flags = (_step_scalar(self._env_id, name, x, bool) for name, x in (("terminated", terminated),
+                                                                             ("truncated", truncated)))
+            return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags, info)
 
     return EnvGuard
+
+
+def _step_scalar(env_id: str, name: str, value, kind):
+    """A step's ``reward``, ``terminated`` or ``truncated`` as a Python ``kind``: one of shape [1] (a TorchRL env
+    registered into Gymnasium returns tensors of shape [1]) is squeezed, a larger one refused naming the field."""
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        return value
+    array = np.asarray(value.cpu() if torch.is_tensor(value) else value)
+    if array.size != 1:
+        raise UserError(f"env {env_id!r} returned {name} of shape {array.shape} from step(); return one number "
+                        "per step (a scalar, or an array of shape [1])")
+    return kind(array.reshape(()))
 
 
 def make_checked_env(env_id: str, make_one, kwargs: dict):
