@@ -33,7 +33,8 @@ from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observat
 def train(env=None, algo: str | None = None, config=None, callbacks=(), **overrides) -> Run:
     """Train an agent and return the finished ``Run``.
 
-    ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory (None: the config's,
+    ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory, a Gymnasium vector env or
+    a TorchRL env (``EnvBase``: unbatched, ``SerialEnv``/``ParallelEnv``; see ``TorchRLVectorEnv``) (None: the config's,
     else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a dict of config keys
     or a ``Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called after every iteration (False stops
     the run; see ``fastrl.callbacks``). ``overrides``: config keys (``total_steps=50_000, n_envs=16``), which win
@@ -81,15 +82,21 @@ def _is_vector_env(env) -> bool:
 
 
 def _vector_env_of(env):
-    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` is called
-    once, and ``made`` is that vector env (which ``train`` closes at the end); anything else is returned as it is
+    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` (or a
+    TorchRL env) is called once, and ``made`` is that vector env (which ``train`` closes at the end); a TorchRL env
+    becomes a ``fastrl.torchrl_adapter.TorchRLVectorEnv`` (``made`` None); anything else is returned as it is
     (``made`` None). A function that makes a single env is called once more than it would be otherwise: the env it
     made here is closed at once."""
     import gymnasium
+    from fastrl.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    if is_torchrl_env(env):  # an nn.Module, so callable: it is the env, not a factory
+        return TorchRLVectorEnv(env), None
     is_class = isinstance(env, type)
     if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
         return env, None
     made = env()
+    if is_torchrl_env(made):
+        made = TorchRLVectorEnv(made, owned=True)
     if isinstance(made, gymnasium.vector.VectorEnv):
         return made, made
     if isinstance(made, gymnasium.Env):
