@@ -117,6 +117,28 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
     given["n_envs"], given["eval_episodes"] = n_envs, 0
 
 
+def _hook_raw_io(policy: torch.nn.Module, shape: tuple, dtype: torch.dtype, obs_rms: RunningMeanStd | None,
+                 clip: float, bounds: tuple | None) -> None:
+    """Make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast to the env's
+    dtype and normalized by the saved statistics (when the run normalized observations) before ``forward``; the
+    action clamped to ``bounds`` (continuous actions) and a single observation's batch axis dropped after it."""
+    single = []  # what the pre-hook saw, for the hook after forward (calls do not interleave)
+
+    def before(module, args):
+        x = args[0].to(dtype)
+        single[:] = [x.dim() == len(shape)]
+        x = x.unsqueeze(0) if single[0] else x
+        return (x if obs_rms is None else normalize_observation(x, obs_rms, clip), *args[1:])
+
+    def after(module, args, action):
+        if bounds is not None:
+            action = torch.clamp(action.float(), *bounds)
+        return action[0] if single[0] else action
+
+    policy.register_forward_pre_hook(before)
+    policy.register_forward_hook(after)
+
+
 def policy_name(cls: type) -> str:
     """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
     name = f"{cls.__module__}:{cls.__qualname__}"
@@ -192,6 +214,12 @@ class Agent:
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
     ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
     ``path`` the checkpoint it came from.
+
+    ``policy(obs)`` (its ``forward``, for fastrl's models) is the deterministic action of raw observations (one or a
+    batch ``[B, *obs]``), as ``act`` gives it: the saved observation normalizer applied, continuous actions clamped to the
+    bounds. So in TorchRL (discrete actions as indices: ``GymEnv(..., categorical_action_encoding=True)``)::
+
+        env.rollout(10, TensorDictModule(agent.policy, in_keys=["observation"], out_keys=["action"]))
     """
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
@@ -211,12 +239,21 @@ class Agent:
         if spec.kind == "continuous":
             self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
             self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
+        if hasattr(self.policy, "act_deterministic"):  # fastrl's models (a custom policy keeps its own forward)
+            _hook_raw_io(self.policy, self.observation_shape, dtype, self._obs_rms, cfg.obs_clip,
+                         (self._low, self._high) if spec.kind == "continuous" else None)
 
     def __repr__(self) -> str:
         return (f"Agent(env={self.config.env!r}, algo={self.config.algo!r}, observation_shape={self.observation_shape}, "
                 f"action={self.action_spec.kind}, path={str(self.path)!r})")
 
     def _as_tensor(self, obs) -> torch.Tensor:
+        from tensordict import TensorDictBase
+        if isinstance(obs, TensorDictBase):  # TorchRL's: its "observation" entry
+            if "observation" not in obs.keys():
+                raise UserError(f"act takes a TensorDict with an 'observation' entry (or an array, tensor or dict of "
+                                f"them); this one has {sorted(map(str, obs.keys()))}")
+            obs = obs["observation"]
         layout = getattr(self.policy, "layout", None)
         if isinstance(obs, dict) and layout is not None:  # a Dict observation: packed as the env packs it
             if any(part.key not in obs for part in layout):
@@ -237,12 +274,15 @@ class Agent:
     @torch.no_grad()
     def act(self, obs, deterministic: bool = True, check_finite: bool = True):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
-        dtype. numpy (or a list) in, numpy out; a torch tensor in, a tensor out on its device. Discrete actions are
+        dtype. numpy (or a list) in, numpy out; a torch tensor (or a TensorDict, its ``"observation"``) in, a tensor
+        out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
         applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
         to the policy as it is)."""
-        returns_tensor = torch.is_tensor(obs) or isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
+        from tensordict import TensorDictBase
+        returns_tensor = torch.is_tensor(obs) or isinstance(obs, TensorDictBase) or \
+            isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
         if x.is_complex():
             raise UserError(f"observations must be real numbers, got dtype {x.dtype}")

@@ -193,7 +193,7 @@ class TorchRLVectorEnv(_vector_env_base()):
     ``fastrl.envs``), which ``fastrl.train(env=torchrl_env)`` steps as any user vector env.
 
     - ``batch_size []`` is one env; ``[N]`` is N envs (a ``SerialEnv``/``ParallelEnv``, or an env that is not
-      batch-locked). An env whose episode ended on step t is reset (TorchRL's ``"_reset"`` mask) on step t + 1 while
+      batch-locked, transformed or not). An env whose episode ended on step t is reset (TorchRL's ``"_reset"`` mask) on step t + 1 while
       the others step (its ``"_step"`` mask), so a batch-locked ``[N]`` env that cannot step a subset is refused.
     - Observations: the observation spec's leaves (one key: a Box; several: a Dict, which fastrl packs). Actions:
       fastrl's integers are one-hot encoded for a ``OneHot`` spec. Rewards and flags ``[*batch, 1]`` become ``[N]``;
@@ -203,6 +203,7 @@ class TorchRLVectorEnv(_vector_env_base()):
     """
     def __init__(self, env, owned: bool = False):
         import gymnasium
+        from torchrl.envs import TransformedEnv
         from torchrl.envs.batched_envs import BatchedEnvBase
         self.metadata = {"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP}
         self.env, self.owned, name = env, owned, type(env).__name__
@@ -211,7 +212,10 @@ class TorchRLVectorEnv(_vector_env_base()):
             raise UserError(f"TorchRL env {name} has batch_size {list(batch)}; fastrl steps one batch dimension: "
                             "pass an env of batch_size [] or [N]")
         self.num_envs, self._batch = (batch[0] if batch else 1), batch
-        if self.num_envs > 1 and env.batch_locked and not isinstance(env, BatchedEnvBase):
+        base = env
+        while isinstance(base, TransformedEnv):  # it hands "_step" on to the env it wraps
+            base = base.base_env
+        if self.num_envs > 1 and base.batch_locked and not isinstance(base, BatchedEnvBase):
             raise UserError(f"TorchRL env {name} (batch_size {list(batch)}) cannot step some of its envs alone, which "
                             "fastrl's auto-reset needs: pass ParallelEnv(N, make_env) or SerialEnv(N, make_env) of "
                             "unbatched envs, or the Gymnasium id itself")
@@ -272,7 +276,7 @@ class TorchRLVectorEnv(_vector_env_base()):
             terminated = stepped & self._rows(nxt.get("terminated", nxt["done"])).cpu()
             if "truncated" in nxt.keys():
                 truncated = stepped & self._rows(nxt["truncated"]).cpu()
-            following = step_mdp(out)
+            following = step_mdp(out).exclude("_step", "_reset")  # masks of this step only
             if pending.any():  # a reset env's observation is its new episode's first one
                 mask = pending.view(self._batch)
                 observation = following.select(*self._obs_keys).clone()
