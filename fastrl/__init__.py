@@ -24,9 +24,10 @@ _LAZY = {
     "StopOnReturn": "fastrl.callbacks",
     "register_env_factory": "fastrl.envs",
     "to_torchrl": "fastrl.torchrl_adapter",
+    "Collector": "fastrl.collector",
 }
 __all__ = ["__version__", "train", "load", "Run", "Agent", "UserError", "EvalCallback", "StopOnReturn",
-           "register_env_factory", "to_torchrl"]
+           "register_env_factory", "to_torchrl", "Collector"]
 
 
 def __getattr__(name: str):

@@ -237,3 +237,56 @@ def test_learns_cartpole_from_a_torchrl_env(tmp_path):
 
     median, by_seed = median_of_seeds(run, LEARNING_SEEDS)
     assert median >= 80, f"median training return {median}; per seed {by_seed}"
+
+
+# --------------------------------------------------------------------------- rollouts out: Collector, callbacks
+def test_collector_gives_the_time_major_buffer_and_torchrls_layout():
+    from torchrl.objectives.value import GAE
+    with fastrl.Collector("CartPole-v1", n_envs=4, n_steps=32, seed=1) as collector:
+        buffer = collector.collect()
+        assert tuple(buffer.batch_size) == (32, 4) and buffer["observation"].shape == (32, 4, 4)
+        assert (~buffer["valid"]).any() or buffer["next", "done"].sum() == 0  # auto-reset steps follow any end
+        td = collector.to_torchrl()
+        assert tuple(td.batch_size) == (4, 32) and td["next", "observation"].shape == (4, 32, 4)
+        assert torch.equal(td["observation"], buffer["observation"].transpose(0, 1))
+        assert torch.equal(td["next", "observation"][:, -1], collector.next_obs)
+        GAE(gamma=0.99, lmbda=0.95, value_network=None)(td)
+        adv, _ = fastrl.kernels.gae(td["next", "reward"], td["state_value"], td["next", "state_value"],
+                                    td["next", "done"], td["next", "terminated"], 0.99, 0.95, time_dim=1)
+        torch.testing.assert_close(td["advantage"], adv, rtol=1e-5, atol=1e-5)
+        first = buffer["observation"].clone()
+        collector.collect()
+        assert not torch.equal(collector.buffer["observation"], first)  # a new rollout in the same buffer
+
+
+def test_collector_acts_with_an_agents_weights_and_takes_a_torchrl_env(agents):
+    """With ``agent=``, the buffer's behaviour log-probs are those of the agent's network on the buffer's
+    (normalized) observations; a TorchRL env gives n_envs from its batch size."""
+    agent = agents["CartPole-v1"]
+    serial = SerialEnv(2, _cartpole)
+    with fastrl.Collector(serial, agent=agent, n_steps=16) as collector:
+        buffer = collector.collect()
+        assert tuple(buffer.batch_size) == (16, 2)
+        obs = buffer["observation"].flatten(0, 1)
+        logp = agent.policy.get_action_and_value(obs, buffer["action"].flatten(0, 1))[1]
+        torch.testing.assert_close(logp, buffer["sample_log_prob"].flatten(0, 1), rtol=1e-5, atol=1e-5)
+    serial.close()
+    message = one_line_error(fastrl.Collector, "Pendulum-v1", agent=agent)
+    assert "the agent's own env" in message
+
+
+def test_callbacks_get_the_agent_wrapper_and_the_live_policy(tmp_path):
+    seen = []
+
+    def record(metrics, run):
+        seen.append((run.agent, run.policy, run.trainer.buffer.batch_size, run.global_step))
+
+    fastrl.train(env="CartPole-v1", total_steps=64, n_envs=2, n_steps=16, eval_episodes=0, callbacks=[record],
+                 run_dir=str(tmp_path / "r"), **QUIET_KW)
+    assert len(seen) == 2
+    agent, policy, batch_size, step = seen[-1]
+    assert isinstance(agent, fastrl.Agent) and agent.act(np.zeros(4, dtype=np.float32)).shape == ()
+    assert isinstance(policy, torch.nn.Module) and not isinstance(policy, fastrl.Agent)
+    assert tuple(batch_size) == (16, 2) and step == 64
+    for a, b in zip(agent.policy.parameters(), policy.parameters()):
+        assert torch.equal(a, b)
