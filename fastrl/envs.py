@@ -404,6 +404,10 @@ def env_name(env) -> str:
     if isinstance(env, str):
         return env
     import gymnasium
+
+    from fastrl.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    if is_torchrl_env(env):  # an nn.Module, so callable, but the env itself: stepped through the adapter
+        env = TorchRLVectorEnv(env)
     if isinstance(env, gymnasium.vector.VectorEnv):
         return vector_env_name(env)
     if isinstance(env, gymnasium.Env):

@@ -212,6 +212,7 @@ def test_fastrl_train_takes_a_torchrl_env_and_a_factory_of_one(tmp_path):
     run = fastrl.train(env=serial, total_steps=64, n_steps=16, run_dir=str(tmp_path / "a"), **QUIET_KW)
     assert run.summary["total_steps"] == 64 and not serial.is_closed
     assert run.agent.act(np.zeros(4, dtype=np.float32)).shape == ()
+    assert fastrl.load(run.run_dir, env=serial).observation_shape == (4,)  # env= takes it too
     serial.close()
     made = []
 
