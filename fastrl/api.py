@@ -117,26 +117,31 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
     given["n_envs"], given["eval_episodes"] = n_envs, 0
 
 
-def _hook_raw_io(policy: torch.nn.Module, shape: tuple, dtype: torch.dtype, obs_rms: RunningMeanStd | None,
-                 clip: float, bounds: tuple | None) -> None:
-    """Make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast to the env's
-    dtype and normalized by the saved statistics (when the run normalized observations) before ``forward``; the
-    action clamped to ``bounds`` (continuous actions) and a single observation's batch axis dropped after it."""
-    single = []  # what the pre-hook saw, for the hook after forward (calls do not interleave)
+class _RawIO:
+    """Hooks that make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast
+    to the env's dtype and normalized by the saved statistics (when the run normalized observations) before
+    ``forward``; the action clamped to ``bounds`` (continuous actions) and a single observation's batch axis dropped
+    after it. A class, not closures, so a module holding them still pickles (``torch.save(agent.policy)``)."""
 
-    def before(module, args):
-        x = args[0].to(dtype)
-        single[:] = [x.dim() == len(shape)]
-        x = x.unsqueeze(0) if single[0] else x
-        return (x if obs_rms is None else normalize_observation(x, obs_rms, clip), *args[1:])
+    def __init__(self, shape: tuple, dtype: torch.dtype, obs_rms: RunningMeanStd | None, clip: float,
+                 bounds: tuple | None):
+        self.shape, self.dtype, self.obs_rms, self.clip, self.bounds = shape, dtype, obs_rms, clip, bounds
+        self.single = False  # what before() saw, for after() (the calls of one forward do not interleave)
 
-    def after(module, args, action):
-        if bounds is not None:
-            action = torch.clamp(action.float(), *bounds)
-        return action[0] if single[0] else action
+    def install(self, policy: torch.nn.Module) -> None:
+        policy.register_forward_pre_hook(self.before)
+        policy.register_forward_hook(self.after)
 
-    policy.register_forward_pre_hook(before)
-    policy.register_forward_hook(after)
+    def before(self, module, args):
+        x = args[0].to(self.dtype)
+        self.single = x.dim() == len(self.shape)
+        x = x.unsqueeze(0) if self.single else x
+        return (x if self.obs_rms is None else normalize_observation(x, self.obs_rms, self.clip), *args[1:])
+
+    def after(self, module, args, action):
+        if self.bounds is not None:
+            action = torch.clamp(action.float(), *self.bounds)
+        return action[0] if self.single else action
 
 
 def policy_name(cls: type) -> str:
@@ -240,8 +245,8 @@ class Agent:
             self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
             self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
         if hasattr(self.policy, "act_deterministic"):  # fastrl's models (a custom policy keeps its own forward)
-            _hook_raw_io(self.policy, self.observation_shape, dtype, self._obs_rms, cfg.obs_clip,
-                         (self._low, self._high) if spec.kind == "continuous" else None)
+            _RawIO(self.observation_shape, dtype, self._obs_rms, cfg.obs_clip,
+                   (self._low, self._high) if spec.kind == "continuous" else None).install(self.policy)
 
     def __repr__(self) -> str:
         return (f"Agent(env={self.config.env!r}, algo={self.config.algo!r}, observation_shape={self.observation_shape}, "

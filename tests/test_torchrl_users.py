@@ -119,6 +119,11 @@ def test_policy_forward_is_the_deterministic_action_of_raw_observations(agents, 
     assert torch.equal(agent.policy(obs[0]), agent.act(obs[0])) and agent.policy(obs[0]).shape == agent.act(obs[0]).shape
     raw = agent.policy.act_deterministic(obs)
     assert not torch.equal(raw, agent.act(obs))
+    import io
+    saved = io.BytesIO()
+    torch.save(agent.policy, saved)  # the module still pickles whole
+    saved.seek(0)
+    assert torch.equal(torch.load(saved, weights_only=False)(obs), agent.act(obs))
 
 
 def test_policy_drives_a_torchrl_rollout(agents):
