@@ -1,11 +1,14 @@
-"""fastrl's rollout buffer in the layout TorchRL's losses and value estimators read (checked with TorchRL 0.14).
+"""fastrl and TorchRL (checked with TorchRL 0.14): fastrl's rollout buffer in the layout TorchRL's losses and value
+estimators read (``to_torchrl``), and TorchRL envs stepped by fastrl's contract (``TorchRLVectorEnv``, which
+``fastrl.train(env=torchrl_env)`` uses).
 
-    from fastrl import to_torchrl
+    import fastrl
     from torchrl.objectives import ClipPPOLoss
     from torchrl.objectives.value import GAE
 
-    trainer.collect()
-    td = to_torchrl(trainer.buffer, next_observation=trainer.next_obs)       # [N, T]
+    collector = fastrl.Collector("CartPole-v1", n_envs=8, n_steps=128)    # see fastrl.collector
+    collector.collect()
+    td = fastrl.to_torchrl(collector.buffer, next_observation=collector.next_obs)   # [N, T]: collector.to_torchrl()
     GAE(gamma=0.99, lmbda=0.95, value_network=None)(td)                      # or value_network=critic
     losses = ClipPPOLoss(actor, critic, loss_critic_type="l2")(td)           # reset steps are masked out
 
@@ -50,6 +53,10 @@ Conventions carried over:
 """
 from __future__ import annotations
 
+import sys
+
+import gymnasium
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
@@ -142,7 +149,6 @@ def to_torchrl(batch: TensorDictBase, next_observation: torch.Tensor | None = No
 
 def is_torchrl_env(obj) -> bool:
     """Whether ``obj`` is a TorchRL ``EnvBase`` (without importing TorchRL: a process that made one imported it)."""
-    import sys
     envs = sys.modules.get("torchrl.envs")
     return envs is not None and isinstance(obj, envs.EnvBase)
 
@@ -152,22 +158,19 @@ def _numpy_dtype(dtype: torch.dtype):
 
 
 def _box(spec):
-    """A Gymnasium Box for a TorchRL leaf spec (its bounds when it has them)."""
-    import gymnasium
-    import numpy as np
+    """A Gymnasium Box for a TorchRL leaf spec: its bounds, or the dtype's whole range for an unbounded one."""
     dtype = _numpy_dtype(spec.dtype)
     low, high = getattr(spec.space, "low", None), getattr(spec.space, "high", None)
-    if low is None or high is None:
-        bound = np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).max
-        return gymnasium.spaces.Box(-bound if np.issubdtype(dtype, np.signedinteger) or bound == np.inf else 0, bound,
-                                    tuple(spec.shape), dtype)
-    return gymnasium.spaces.Box(low.cpu().numpy(), high.cpu().numpy(), tuple(spec.shape), dtype)
+    if low is not None and high is not None:
+        return gymnasium.spaces.Box(low.cpu().numpy(), high.cpu().numpy(), tuple(spec.shape), dtype)
+    if np.issubdtype(dtype, np.floating):
+        return gymnasium.spaces.Box(-np.inf, np.inf, tuple(spec.shape), dtype)
+    return gymnasium.spaces.Box(np.iinfo(dtype).min, np.iinfo(dtype).max, tuple(spec.shape), dtype)
 
 
 def _action_space(spec, env_name: str):
     """``(space, one_hot)``: the Gymnasium space fastrl acts in for a TorchRL action spec, and for a ``OneHot`` spec
     its size (fastrl's integer actions are one-hot encoded for the env), else 0."""
-    import gymnasium
     from torchrl.data import Binary, Categorical, MultiCategorical, OneHot
     if isinstance(spec, OneHot) and spec.ndim == 1:
         return gymnasium.spaces.Discrete(spec.space.n), spec.space.n
@@ -183,26 +186,22 @@ def _action_space(spec, env_name: str):
                     "fastrl takes OneHot, Categorical, MultiCategorical, Binary and continuous actions")
 
 
-def _vector_env_base():
-    import gymnasium
-    return gymnasium.vector.VectorEnv
-
-
-class TorchRLVectorEnv(_vector_env_base()):
+class TorchRLVectorEnv(gymnasium.vector.VectorEnv):
     """A TorchRL ``EnvBase`` as a Gymnasium vector env that auto-resets on the next step (fastrl's contract, see
     ``fastrl.envs``), which ``fastrl.train(env=torchrl_env)`` steps as any user vector env.
 
-    - ``batch_size []`` is one env; ``[N]`` is N envs (a ``SerialEnv``/``ParallelEnv``, or an env that is not
-      batch-locked, transformed or not). An env whose episode ended on step t is reset (TorchRL's ``"_reset"`` mask) on step t + 1 while
-      the others step (its ``"_step"`` mask), so a batch-locked ``[N]`` env that cannot step a subset is refused.
+    - ``batch_size []`` is one env; ``[N]`` is N envs: a ``SerialEnv``/``ParallelEnv`` or an env that is not
+      batch-locked, transformed or not. An env whose episode ended on step t is reset (TorchRL's ``"_reset"`` mask)
+      on step t + 1 while the others step (its ``"_step"`` mask), so a batch-locked ``[N]`` env that cannot step a
+      subset of its envs is refused.
     - Observations: the observation spec's leaves (one key: a Box; several: a Dict, which fastrl packs). Actions:
       fastrl's integers are one-hot encoded for a ``OneHot`` spec. Rewards and flags ``[*batch, 1]`` become ``[N]``;
       no ``"truncated"`` entry reads as False.
     - ``reset(seed=[s, ...])`` seeds the env with ``env.set_seed(s)``. ``close()`` closes the TorchRL env only when
       ``owned`` (fastrl made it from a factory).
     """
+
     def __init__(self, env, owned: bool = False):
-        import gymnasium
         from torchrl.envs import TransformedEnv
         from torchrl.envs.batched_envs import BatchedEnvBase
         self.metadata = {"autoreset_mode": gymnasium.vector.AutoresetMode.NEXT_STEP}
@@ -259,8 +258,8 @@ class TorchRLVectorEnv(_vector_env_base()):
             action = torch.nn.functional.one_hot(action.long(), self._one_hot)
         action = action.to(self._action_dtype)
         pending, root = self._pending, self._root
-        n = self.num_envs
-        reward, terminated, truncated = torch.zeros(n), torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)
+        reward = torch.zeros(self.num_envs)
+        terminated, truncated = torch.zeros_like(reward, dtype=torch.bool), torch.zeros_like(reward, dtype=torch.bool)
         if pending.all():  # every episode ended last step: this is everyone's reset step
             root = self.env.reset()
         else:
