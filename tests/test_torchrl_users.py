@@ -89,6 +89,14 @@ def test_env_outputs_of_shape_one_are_squeezed():
     assert float(torch.stack([s.reward for s in steps]).sum()) > 0
 
 
+def test_a_torchrl_env_registered_into_gymnasium_trains(tmp_path):
+    """``GymEnv.register_gym`` makes a Gymnasium env whose rewards and flags are tensors of shape [1]."""
+    GymEnv.register_gym("FastrlTestTorchRLCartPole-v0", env_name="CartPole-v1")
+    run = fastrl.train(env="FastrlTestTorchRLCartPole-v0", n_envs=2, n_steps=32, total_steps=128, eval_episodes=0,
+                       run_dir=str(tmp_path / "r"), **QUIET_KW)
+    assert run.summary["total_steps"] == 128 and run.summary["episodes"] >= 2
+
+
 def test_env_outputs_of_another_shape_are_refused_in_one_line():
     from fastrl.envs import env_name
     message = one_line_error(_step_some, env_name(ShapeTwoOutputs))
