@@ -28,9 +28,10 @@ _LAZY = {
     "StopOnReturn": "fastrl.callbacks",
     "register_env_factory": "fastrl.envs",
     "to_torchrl": "fastrl.torchrl_adapter",
+    "Collector": "fastrl.collector",
 }
 __all__ = ["__version__", "train", "load", "evaluate", "Run", "Agent", "Config", "UserError", "EvalCallback",
-           "StopOnReturn", "register_env_factory", "to_torchrl"]
+           "StopOnReturn", "register_env_factory", "to_torchrl", "Collector"]
 # fastrl.train and fastrl.evaluate are the API's functions, though modules of those names exist (the command's
 # ``python -m fastrl.train``, the evaluation code): importing such a module must not replace the function here.
 _FUNCTIONS_OVER_MODULES = ("train", "evaluate")

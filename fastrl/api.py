@@ -81,8 +81,9 @@ def train(
         **unknown) -> Run:
     """Train an agent and return the finished ``Run``.
 
-    ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory (None: the config's,
-    else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a tuned config's
+    ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory, a Gymnasium vector env or
+    a TorchRL env (``EnvBase``: unbatched, ``SerialEnv``/``ParallelEnv``; see ``TorchRLVectorEnv``) (None: the
+    config's, else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a tuned config's
     name, a dict of config keys or a ``fastrl.Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called
     after every iteration (False stops the run; see ``fastrl.callbacks``).
 
@@ -162,15 +163,21 @@ def _is_vector_env(env) -> bool:
 
 
 def _vector_env_of(env):
-    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` is called
-    once, and ``made`` is that vector env (which ``train`` closes at the end); anything else is returned as it is
+    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` (or a
+    TorchRL env) is called once, and ``made`` is that vector env (which ``train`` closes at the end); a TorchRL env
+    becomes a ``fastrl.torchrl_adapter.TorchRLVectorEnv`` (``made`` None); anything else is returned as it is
     (``made`` None). A function that makes a single env is called once more than it would be otherwise: the env it
     made here is closed at once."""
     import gymnasium
+    from fastrl.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    if is_torchrl_env(env):  # an nn.Module, so callable: it is the env, not a factory
+        return TorchRLVectorEnv(env), None
     is_class = isinstance(env, type)
     if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
         return env, None
     made = env()
+    if is_torchrl_env(made):
+        made = TorchRLVectorEnv(made, owned=True)
     if isinstance(made, gymnasium.vector.VectorEnv):
         return made, made
     if isinstance(made, gymnasium.Env):
@@ -189,6 +196,33 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
         raise UserError("a vector env object gives fastrl no separate envs to evaluate on: drop eval_episodes, or "
                         "pass the id, class or factory of one env (fastrl then builds the vector env itself)")
     given["n_envs"], given["eval_episodes"] = n_envs, 0
+
+
+class _RawIO:
+    """Hooks that make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast
+    to the env's dtype and normalized by the saved statistics (when the run normalized observations) before
+    ``forward``; the action clamped to ``bounds`` (continuous actions) and a single observation's batch axis dropped
+    after it. A class, not closures, so a module holding them still pickles (``torch.save(agent.policy)``)."""
+
+    def __init__(self, shape: tuple, dtype: torch.dtype, obs_rms: RunningMeanStd | None, clip: float,
+                 bounds: tuple | None):
+        self.shape, self.dtype, self.obs_rms, self.clip, self.bounds = shape, dtype, obs_rms, clip, bounds
+        self.single = False  # what before() saw, for after() (the calls of one forward do not interleave)
+
+    def install(self, policy: torch.nn.Module) -> None:
+        policy.register_forward_pre_hook(self.before)
+        policy.register_forward_hook(self.after)
+
+    def before(self, module, args):
+        x = args[0].to(self.dtype)
+        self.single = x.dim() == len(self.shape)
+        x = x.unsqueeze(0) if self.single else x
+        return (x if self.obs_rms is None else normalize_observation(x, self.obs_rms, self.clip), *args[1:])
+
+    def after(self, module, args, action):
+        if self.bounds is not None:
+            action = torch.clamp(action.float(), *self.bounds)
+        return action[0] if self.single else action
 
 
 def policy_name(cls: type) -> str:
@@ -281,6 +315,12 @@ class Agent:
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
     ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
     ``path`` the checkpoint it came from.
+
+    ``policy(obs)`` (its ``forward``, for fastrl's models) is the deterministic action of raw observations (one or a
+    batch ``[B, *obs]``), as ``act`` gives it: the saved observation normalizer applied, continuous actions clamped to the
+    bounds. So in TorchRL (discrete actions as indices: ``GymEnv(..., categorical_action_encoding=True)``)::
+
+        env.rollout(10, TensorDictModule(agent.policy, in_keys=["observation"], out_keys=["action"]))
     """
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
@@ -300,12 +340,21 @@ class Agent:
         if spec.kind == "continuous":
             self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
             self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
+        if hasattr(self.policy, "act_deterministic"):  # fastrl's models (a custom policy keeps its own forward)
+            _RawIO(self.observation_shape, dtype, self._obs_rms, cfg.obs_clip,
+                   (self._low, self._high) if spec.kind == "continuous" else None).install(self.policy)
 
     def __repr__(self) -> str:
         return (f"Agent(env={self.config.env!r}, algo={self.config.algo!r}, observation_shape={self.observation_shape}, "
                 f"action={self.action_spec.kind}, path={str(self.path)!r})")
 
     def _as_tensor(self, obs) -> torch.Tensor:
+        from tensordict import TensorDictBase
+        if isinstance(obs, TensorDictBase):  # TorchRL's: its "observation" entry
+            if "observation" not in obs.keys():
+                raise UserError(f"act takes a TensorDict with an 'observation' entry (or an array, tensor or dict of "
+                                f"them); this one has {sorted(map(str, obs.keys()))}")
+            obs = obs["observation"]
         layout = getattr(self.policy, "layout", None)
         if isinstance(obs, dict) and layout is not None:  # a Dict observation: packed as the env packs it
             if any(part.key not in obs for part in layout):
@@ -326,12 +375,15 @@ class Agent:
     @torch.no_grad()
     def act(self, obs, deterministic: bool = True, check_finite: bool = True):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
-        dtype. numpy (or a list) in, numpy out; a torch tensor in, a tensor out on its device. Discrete actions are
+        dtype. numpy (or a list) in, numpy out; a torch tensor (or a TensorDict, its ``"observation"``) in, a tensor
+        out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
         applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
         to the policy as it is)."""
-        returns_tensor = torch.is_tensor(obs) or isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
+        from tensordict import TensorDictBase
+        returns_tensor = torch.is_tensor(obs) or isinstance(obs, TensorDictBase) or \
+            isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
         if x.is_complex():
             raise UserError(f"observations must be real numbers, got dtype {x.dtype}")

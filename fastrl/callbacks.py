@@ -7,8 +7,16 @@ A callback is any callable ``callback(metrics, run) -> bool | None``:
   ``charts/episodic_length``: last-100-episode means; ``charts/episodic_return_last``: the last episode's own return;
   ``charts/episodes``; once an episode has ended). The callbacks of a run share one dict, in order, so a callback can add
   figures for the ones after it (``EvalCallback`` adds ``eval/return_mean`` on the iterations it evaluates).
-- ``run``: a ``RunContext``: ``trainer``, ``agent``, ``cfg``, ``global_step``, ``iteration``, ``run_dir``, ``is_main``,
-  and ``log(metrics)``, which writes a row to every logging sink at the current step.
+- ``run``: a ``RunContext``:
+
+  - ``agent``: the policy as it is now, as an ``fastrl.Agent`` (what ``fastrl.load`` and ``Run.agent`` give: ``act``,
+    ``predict``, ``evaluate``, ``save``; a snapshot of the weights, taken on first access each iteration);
+  - ``policy``: the live ``nn.Module`` being trained (``get_action_and_value``, ``act_deterministic``; member 0's);
+  - ``trainer``: the run loop's ``fastrl.trainer.Trainer`` (``buffer``: this iteration's ``[T, N]`` rollout,
+    ``next_obs``; ``fastrl.to_torchrl(run.trainer.buffer, run.trainer.next_obs)`` is it in TorchRL's layout);
+  - ``cfg`` (the run's ``Config``), ``global_step``, ``iteration``, ``run_dir`` (a ``Path``), ``is_main`` (rank 0),
+    ``start_step`` (the step a resumed run started from);
+  - ``log(metrics)``, which writes a row to every logging sink at the current step.
 
 A callback with another signature stops the run at its first call as a ``False`` would (the summary is written),
 then raises ``CallbackError``, one line naming the signature expected.
@@ -38,13 +46,23 @@ def best_checkpoint_path(run_dir: str | Path) -> Path:
 class RunContext:
     """What a callback sees of the run in progress. ``trainer`` is the run loop's trainer (see ``fastrl.loop``)."""
 
-    def __init__(self, trainer, run_dir: Path, logger, is_main: bool, start_step: int):
+    def __init__(self, trainer, run_dir: Path, logger, is_main: bool, start_step: int, agent_type):
+        """``agent_type``: ``fastrl.api.Agent`` (passed in, so this module does not import the API on top of it)."""
         self.trainer, self.run_dir, self.is_main, self.start_step = trainer, Path(run_dir), is_main, start_step
-        self._logger = logger
+        self._logger, self._agent_type = logger, agent_type
+        self._agent = None  # (global_step, Agent)
 
     @property
     def agent(self):
-        """The policy ``nn.Module`` being trained (``act_deterministic``, ``get_action_and_value``)."""
+        """The policy now, as a ``fastrl.Agent`` (a snapshot of member 0's weights and normalizer at this step)."""
+        trainer = self.trainer
+        if self._agent is None or self._agent[0] != trainer.global_step:
+            self._agent = (trainer.global_step, self._agent_type(trainer.member_state(0), trainer.cfg, trainer.device))
+        return self._agent[1]
+
+    @property
+    def policy(self):
+        """The live policy ``nn.Module`` being trained (``act_deterministic``, ``get_action_and_value``)."""
         return self.trainer.agent
 
     @property

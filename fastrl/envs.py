@@ -31,6 +31,7 @@ import difflib
 import functools
 import importlib
 import multiprocessing
+import sys
 import types
 import warnings
 from dataclasses import dataclass
@@ -403,6 +404,10 @@ def env_name(env) -> str:
     if isinstance(env, str):
         return env
     import gymnasium
+
+    from fastrl.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    if is_torchrl_env(env):  # an nn.Module, so callable, but the env itself: stepped through the adapter
+        env = TorchRLVectorEnv(env)
     if isinstance(env, gymnasium.vector.VectorEnv):
         return vector_env_name(env)
     if isinstance(env, gymnasium.Env):
@@ -611,13 +616,27 @@ def _env_guard():
 
         def step(self, action):
             try:
-                out = self.env.step(action)
+                obs, reward, terminated, truncated, info = self.env.step(action)
             except Exception as e:  # noqa: BLE001
                 raise EnvCodeError.from_exception(e) from None
-            self._check(out[0], "step")
-            return out
+            self._check(obs, "step")
+            flags = (_step_scalar(self._env_id, name, x, bool) for name, x in (("terminated", terminated),
+                                                                             ("truncated", truncated)))
+            return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags, info)
 
     return EnvGuard
+
+
+def _step_scalar(env_id: str, name: str, value, kind):
+    """A step's ``reward``, ``terminated`` or ``truncated`` as a Python ``kind``: one of shape [1] (a TorchRL env
+    registered into Gymnasium returns tensors of shape [1]) is squeezed, a larger one refused naming the field."""
+    if isinstance(value, (bool, int, float, np.number, np.bool_)):
+        return value
+    array = np.asarray(value.cpu() if torch.is_tensor(value) else value)
+    if array.size != 1:
+        raise UserError(f"env {env_id!r} returned {name} of shape {array.shape} from step(); return one number "
+                        "per step (a scalar, or an array of shape [1])")
+    return kind(array.reshape(()))
 
 
 def make_checked_env(env_id: str, make_one, kwargs: dict):
@@ -695,7 +714,10 @@ class BatchedEnv:
             # command line); Gymnasium would also warn it line by line, through our guard's frames.
             warnings.filterwarnings("ignore", message=".*ERROR: (Received the following error|Traceback|Raising the last)",
                                     module=r"gymnasium\.vector\.async_vector_env")
-            vector_env = gymnasium.vector.SyncVectorEnv if in_process else gymnasium.vector.AsyncVectorEnv
+            # Workers fork on Linux whatever the global start method: `import torchrl` sets spawn, which re-runs a
+            # script without a __main__ guard in each worker. They run the env's code only, never CUDA.
+            vector_env = gymnasium.vector.SyncVectorEnv if in_process else functools.partial(
+                gymnasium.vector.AsyncVectorEnv, context="fork" if sys.platform.startswith("linux") else None)
             self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed

@@ -249,7 +249,9 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     start_time = time.perf_counter()
     start_step = trainer.global_step
     last_log_time, last_log_step = start_time, trainer.global_step
-    run_context, stopped_by_callback = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step), False
+    from fastrl.api import Agent  # not at the top: fastrl.api imports this module (through fastrl.train)
+    run_context = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step, Agent)
+    stopped_by_callback = False
     env_error = None  # the user's env raised: the run stops as a stop signal stops it, then the error is raised
     callback_error = None  # a callback of the wrong signature: the run ends as a callback's False ends it, then raises
     try:

@@ -212,6 +212,10 @@ class ActorCritic(nn.Module):
         actor, _ = self._features(obs)
         return action_mode(run_mlp(self.policy_head, actor), self.action_spec)
 
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``act_deterministic``: what ``policy(obs)`` gives, e.g. inside TorchRL's ``TensorDictModule``."""
+        return self.act_deterministic(obs)
+
 
 
 
@@ -326,6 +330,10 @@ class SharedFeatureHeads(nn.Module):
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         return action_mode(self.policy_head(self._features(obs)), self.action_spec)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``act_deterministic`` (see ``ActorCritic.forward``)."""
+        return self.act_deterministic(obs)
 
 
 class PixelActorCritic(SharedFeatureHeads):

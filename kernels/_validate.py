@@ -43,6 +43,22 @@ def check_tensors(op, tensors, float_names, flag_names=()):
     return first.shape, first.device
 
 
+def to_time_major(op, tensors, time_dim):
+    """``tensors`` (``{name: tensor}``) with axis ``time_dim`` moved to the front (views; unchanged for 0).
+
+    ``time_dim`` must be an int within the first tensor's dims (anything else is a ValueError); TorchRL's
+    batch-first ``[N, T, 1]`` layout is ``time_dim=1`` (or ``-2``).
+    """
+    first = next(iter(tensors.values()))
+    if time_dim == 0 or not isinstance(first, torch.Tensor):  # a non-tensor is refused by check_tensors
+        return tensors
+    ndim = first.dim()
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int) or not -ndim <= time_dim < ndim:
+        raise ValueError(f"{op}: `time_dim` must be an int in [{-ndim}, {ndim}) (the axis of time), got {time_dim!r}")
+    return {name: x.movedim(time_dim, 0) if isinstance(x, torch.Tensor) and x.dim() == ndim else x
+            for name, x in tensors.items()}
+
+
 def scalar(op, name, x):
     """A Python float or a 0-d tensor, as a Python float (a 0-d CUDA tensor costs one sync)."""
     if isinstance(x, torch.Tensor):

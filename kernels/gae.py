@@ -6,7 +6,8 @@
 
 ``next_value[t]`` is V(s_{t+1}), the value of the observation that followed step t (the final
 observation when the episode was truncated). ``done = terminated | truncated`` cuts the recursion;
-only ``terminated`` stops bootstrapping. Same semantics as TorchRL's ``generalized_advantage_estimate``.
+only ``terminated`` stops bootstrapping. Same semantics as TorchRL's ``generalized_advantage_estimate``. TorchRL's tensors are batch-first ``[N, T, 1]``:
+pass ``time_dim=1`` (``-2``), or the recursion runs over envs instead of time without a word.
 
 From a CleanRL-style loop, where ``dones[t]`` flags that ``obs[t]`` began a new episode (the previous step's
 done) and ``next_done`` / ``next_obs`` follow the last step, shift by one step::
@@ -22,7 +23,7 @@ same way) and put V(real final observation) in ``next_value`` at truncated steps
 import torch
 
 from . import _backend
-from ._validate import check_backend, check_range, check_tensors, scalar
+from ._validate import check_backend, check_range, check_tensors, scalar, to_time_major
 
 _OP = "kernels.gae"
 
@@ -75,7 +76,7 @@ def _(reward, value, next_value, done, terminated, gamma, lam):
     return torch.empty_like(reward, dtype=torch.float32), torch.empty_like(reward, dtype=torch.float32)
 
 
-def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None):
+def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None, time_dim=0):
     """Advantages and value targets by GAE (see the module docstring for the recursion).
 
     Args:
@@ -85,11 +86,18 @@ def gae(reward, value, next_value, done, terminated, gamma, lam, *, backend=None
         gamma, lam: Python floats or 0-d tensors, each in [0, 1] (anything else is a ValueError).
         backend: None picks Triton for CUDA tensors and the C kernel for CPU tensors. "reference",
             "torch", "cpu" or "triton" force one ("triton" on CPU tensors needs TRITON_INTERPRET=1).
+        time_dim: the axis of time (default 0, time-major). TorchRL's ``[N, T, 1]`` tensors take ``time_dim=1``.
 
     Returns:
-        ``(advantage, value_target)``, float32 ``[T, *B]`` (float64 when an input is), not differentiable. Inside ``torch.compile``
-        this is the registered op ``torch.ops.fastrl_kernels.gae`` (no graph break).
+        ``(advantage, value_target)``, float32 ``[T, *B]`` (float64 when an input is), not differentiable, with time
+        back on ``time_dim``. Inside ``torch.compile`` this is the registered op ``torch.ops.fastrl_kernels.gae``
+        (no graph break).
     """
+    if time_dim != 0:
+        moved = to_time_major(_OP, dict(reward=reward, value=value, next_value=next_value, done=done,
+                                        terminated=terminated), time_dim)
+        out = gae(*moved.values(), gamma, lam, backend=backend)
+        return tuple(x.movedim(0, time_dim) for x in out)
     check_backend(_OP, backend, _backend.BACKENDS)
     tensors = dict(reward=reward, value=value, next_value=next_value, done=done, terminated=terminated)
     _, device = check_tensors(_OP, tensors, ("reward", "value", "next_value"), ("done", "terminated"))

@@ -132,6 +132,12 @@ def ppo_loss(
             "torch" or "triton".
     All tensors share one shape and device; float dtypes are float32, bfloat16, float16 or float64.
 
+    Defaults against TorchRL 0.14's ``ClipPPOLoss`` (same ``clip_epsilon`` 0.2 and ``entropy_coeff`` 0.01):
+    ``clip_vloss=True`` clips the value loss (TorchRL: ``clip_value=None``, no clipping; ``clip_value=clip_coef``
+    matches); ``normalize_advantage=True`` normalizes per minibatch with the unbiased std (TorchRL: False, and
+    the biased std when on); the value loss is ``vf_coef * 0.5 * (v - R)^2`` with ``vf_coef=0.5`` (TorchRL:
+    ``critic_coeff=1.0`` on ``loss_critic_type="smooth_l1"``; ``"l2"`` with ``critic_coeff=0.5 * vf_coef`` matches).
+
     Returns:
         ``(loss, stats)``: ``loss`` a 0-d tensor with gradients for ``new_logp``, ``new_value`` and
         ``entropy``; ``stats`` a dict of detached 0-d tensors ``policy_loss``, ``value_loss``, ``entropy``,

@@ -8,12 +8,13 @@
 
 where ``vhat_{t+1}`` is ``vs_{t+1}`` inside an episode and ``next_value_t`` where ``done_t`` or t = T-1.
 With lam = 1 these are the semantics of TorchRL's ``vtrace_advantage_estimate`` (whose ``log_pi`` is
-our ``target_logp`` and ``log_mu`` our ``behavior_logp``).
+our ``target_logp`` and ``log_mu`` our ``behavior_logp``). TorchRL's tensors are batch-first ``[N, T, 1]``: pass
+``time_dim=1`` (``-2``), or the recursion runs over envs instead of time.
 """
 import torch
 
 from . import _backend
-from ._validate import check_backend, check_range, check_tensors, scalar
+from ._validate import check_backend, check_range, check_tensors, scalar, to_time_major
 
 _OP = "kernels.vtrace"
 _FLOATS = ("behavior_logp", "target_logp", "reward", "value", "next_value")
@@ -87,7 +88,7 @@ def _(behavior_logp, target_logp, reward, value, next_value, done, terminated, g
 
 def vtrace(
     behavior_logp, target_logp, reward, value, next_value, done, terminated, gamma,
-    rho_bar=1.0, c_bar=1.0, lam=1.0, *, backend=None,
+    rho_bar=1.0, c_bar=1.0, lam=1.0, *, backend=None, time_dim=0,
 ):
     """V-trace value targets and policy-gradient advantages (see the module docstring).
 
@@ -99,16 +100,20 @@ def vtrace(
         gamma, rho_bar, c_bar, lam: Python floats or 0-d tensors; ``gamma`` and ``lam`` in [0, 1], ``rho_bar``
             and ``c_bar`` > 0 (anything else is a ValueError).
         backend: as in :func:`kernels.gae`.
+        time_dim: the axis of time (default 0, time-major); TorchRL's ``[N, T, 1]`` tensors take ``time_dim=1``.
 
     Returns:
-        ``(vs, pg_advantage)``, float32 ``[T, *B]``, not differentiable (use them as targets).
-        Inside ``torch.compile`` this is ``torch.ops.fastrl_kernels.vtrace`` (no graph break).
+        ``(vs, pg_advantage)``, float32 ``[T, *B]``, not differentiable (use them as targets), with time back on
+        ``time_dim``. Inside ``torch.compile`` this is ``torch.ops.fastrl_kernels.vtrace`` (no graph break).
     """
-    check_backend(_OP, backend, _backend.BACKENDS)
     tensors = dict(
         behavior_logp=behavior_logp, target_logp=target_logp, reward=reward, value=value,
         next_value=next_value, done=done, terminated=terminated,
     )
+    if time_dim != 0:
+        out = vtrace(*to_time_major(_OP, tensors, time_dim).values(), gamma, rho_bar, c_bar, lam, backend=backend)
+        return tuple(x.movedim(0, time_dim) for x in out)
+    check_backend(_OP, backend, _backend.BACKENDS)
     _, device = check_tensors(_OP, tensors, _FLOATS, ("done", "terminated"))
     scalars = [scalar(_OP, n, x) for n, x in (("gamma", gamma), ("rho_bar", rho_bar), ("c_bar", c_bar), ("lam", lam))]
     check_range(_OP, "gamma", scalars[0], 0.0, 1.0)

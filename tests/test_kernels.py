@@ -322,3 +322,40 @@ def test_gae_from_a_cleanrl_loop(T, N):
     got = kernels.gae(rewards, values, next_values, done, terminated=done, gamma=GAMMA, lam=LAM)
     for g_, w in zip(got, want):
         torch.testing.assert_close(g_, w, **TOL)
+
+
+def _batch_first(x):
+    """Time-major ``[T, N]`` as TorchRL's batch-first ``[N, T, 1]`` (a non-contiguous view)."""
+    return x.t().unsqueeze(-1)
+
+
+@pytest.mark.parametrize("time_dim", [1, -2])
+@pytest.mark.parametrize("shape,p_done", [((1, 3), 0.3), ((23, 1), 0.15), ((40, 17), 0.1), ((12, 9), 1.0)])
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_time_dim_reads_torchrl_layout(time_dim, shape, p_done, backend):
+    """``[N, T, 1]`` with ``time_dim`` gives the reference twin's figures on the time-major inputs, in that layout."""
+    x = scan_inputs(shape, p_done, seed=21)
+    y = {k: _batch_first(v) for k, v in x.items()}
+    got = kernels.gae(*gae_args(y), GAMMA, LAM, backend=backend, time_dim=time_dim)
+    _check(got, tuple(_batch_first(w) for w in kernels.gae_reference(*to_float64(gae_args(x)), GAMMA, LAM)))
+    got = kernels.vtrace(*vtrace_args(y), GAMMA, 1.5, 0.9, 0.8, backend=backend, time_dim=time_dim)
+    want = kernels.vtrace_reference(*to_float64(vtrace_args(x)), GAMMA, 1.5, 0.9, 0.8)
+    _check(got, tuple(_batch_first(w) for w in want))
+
+
+def test_time_dim_default_reads_axis_zero_as_time():
+    """Without ``time_dim`` a ``[N, T, 1]`` input is read time-major: its envs as time (what time_dim fixes)."""
+    x = scan_inputs((30, 5), 0.1, seed=22)
+    y = {k: _batch_first(v) for k, v in x.items()}
+    want = kernels.gae_reference(*to_float64(gae_args(y)), GAMMA, LAM)
+    _check(kernels.gae(*gae_args(y), GAMMA, LAM), want)
+    assert not torch.allclose(want[0], _batch_first(kernels.gae_reference(*to_float64(gae_args(x)), GAMMA, LAM)[0]))
+
+
+@pytest.mark.parametrize("time_dim", [3, -4, 1.0, True])
+def test_time_dim_out_of_range_is_refused(time_dim):
+    y = {k: _batch_first(v) for k, v in scan_inputs((6, 2), 0.2, seed=23).items()}
+    with pytest.raises(ValueError, match="kernels.gae: `time_dim` must be an int in \\[-3, 3\\)"):
+        kernels.gae(*gae_args(y), GAMMA, LAM, time_dim=time_dim)
+    with pytest.raises(ValueError, match="kernels.vtrace: `time_dim`"):
+        kernels.vtrace(*vtrace_args(y), GAMMA, time_dim=time_dim)
