@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError
+from fastrl.config import CODE_KEYS, Config, UserError
 from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
 
 
@@ -72,7 +72,8 @@ def train(env=None, algo: str | None = None, config=None, callbacks=(), **overri
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
         if made_vector_env is not None:
             made_vector_env.close()  # fastrl called the factory, so fastrl closes what it made
-    return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+    code_names = {key: getattr(cfg, key) or None for key in CODE_KEYS}
+    return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary, _code_names=code_names)
 
 
 def _is_vector_env(env) -> bool:
@@ -136,6 +137,8 @@ class Run:
     run_dir: Path | None
     summary: dict
     _agent: Agent | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The code names (env, policy) this process gave the run: the agent is loaded with them, never with a file's.
+    _code_names: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def agent(self) -> Agent:
@@ -143,16 +146,18 @@ class Run:
             if self.run_dir is None:
                 raise UserError("this process wrote no run directory (a torchrun rank other than 0); load the agent "
                                 "on rank 0")
-            self._agent = load(self.run_dir, env=self.summary.get("env"))  # the env this process was given
+            self._agent = load(self.run_dir, **self._code_names)
         return self._agent
 
 
-def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None) -> Agent:
+def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None,
+         policy=None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
     ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
     defined inside a function of another process), and must be given for a saved ``module:Name`` env, which a
-    checkpoint alone never makes fastrl import; ``device`` is where the policy runs. ``member``: which agent of a
-    population run (``--n-seeds``/``--vary``)."""
+    checkpoint alone never makes fastrl import; ``policy``: the same for a saved custom policy class (the class, or
+    its ``module:ClassName``); ``device`` is where the policy runs. ``member``: which agent of a population run
+    (``--n-seeds``/``--vary``)."""
     from fastrl.callbacks import best_checkpoint_path
     from fastrl.checkpoint import checkpoint_config, load_checkpoint, resolve_checkpoint, select_member
     from fastrl.distributed import resolve_device
@@ -166,7 +171,10 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
-    cfg = checkpoint_config(state, f"checkpoint {target}", env)  # a saved module:Name env is used only if passed
+    if isinstance(policy, type):
+        policy = policy_name(policy)
+    # a saved module:Name env or policy is used only if passed
+    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
     return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError, make_config
+from fastrl.config import CODE_KEYS, Config, UserError, brief, make_config
 
 _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
 
@@ -78,20 +78,26 @@ def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
     return path
 
 
-def checkpoint_config(state: dict, where: str, env=None) -> Config:
-    """The ``Config`` a checkpoint was trained with, ``env`` (given by the user) replacing its env.
+def checkpoint_config(state: dict, where: str, given: dict | None = None) -> Config:
+    """The ``Config`` a checkpoint was trained with, the code names the user passed in ``given`` (its ``CODE_KEYS``:
+    ``env``, which may also be a class or factory, and ``policy``) replacing the checkpoint's own.
 
-    A checkpoint never makes fastrl import or call code: a saved env of the form ``module:Name`` (a module to import,
-    a class or factory to call) is used only when the user names it, by passing ``env``."""
+    A checkpoint never makes fastrl import or call code: a saved code key whose value names code (``module:Name``) is
+    refused unless the user passes that key in this process (``--env``, ``--policy``, ``env=``, ``policy=``)."""
     from fastrl.envs import env_name, is_process_local
-    cfg = make_config(state["config"], where=where)
-    if env is not None:
-        return dataclasses.replace(cfg, env=env_name(env))
-    if ":" in cfg.env and not is_process_local(cfg.env):
-        raise UserError(f"{where} names the env {cfg.env!r}, which would import and run code from module "
-                        f"{cfg.env.split(':', 1)[0]!r}; loading never does that on a file's word: pass the env "
-                        f"yourself (--env {cfg.env}, or env=... in Python) if you trust it")
-    return cfg
+    from fastrl.names import names_code
+    saved = state["config"]
+    mine = {key: value for key, value in (given or {}).items() if key in CODE_KEYS and value is not None}
+    if "env" in mine:
+        mine["env"] = env_name(mine["env"])
+    for key in CODE_KEYS:
+        value = saved.get(key)
+        if key in mine or not names_code(value) or (key == "env" and is_process_local(value)):
+            continue
+        raise UserError(f"{where} names the {key} {brief(value)}, which would import and run code from "
+                        f"{brief(value.rpartition(':')[0], 60)}; loading never does that on a file's word: pass it "
+                        f"yourself (--{key} {value[:80]}, or {key}=... in Python) if you trust it")
+    return make_config({**saved, **mine}, where=where)
 
 
 def resolve_checkpoint(target: str | Path) -> Path:

@@ -399,17 +399,13 @@ class DictActorCritic(SharedFeatureHeads):
 
 
 def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
-    """``cfg.policy`` (``module:QualName`` of an ``nn.Module`` class) built as ``cls(obs_shape, action_spec, cfg)``."""
-    import importlib
-    module_name, _, qualname = cfg.policy.partition(":")
-    try:
-        cls = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError) as e:
-        from fastrl.config import UserError
-        raise UserError(f"policy {cfg.policy!r} cannot be imported ({type(e).__name__}: {e}); name a module-level "
-                        "nn.Module class as module:ClassName, importable on PYTHONPATH") from None
+    """``cfg.policy`` (``module:QualName`` or ``path/to/file.py:QualName`` of an ``nn.Module`` class) built as
+    ``cls(obs_shape, action_spec, cfg)``; any other object is refused before it is called."""
+    from fastrl.config import UserError
+    from fastrl.names import resolve_name
+    cls = resolve_name(cfg.policy, "policy")
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+        raise UserError(f"policy {cfg.policy!r} is not an nn.Module class; name your actor-critic class")
     return cls(tuple(obs_shape), action_spec, cfg)
 
 

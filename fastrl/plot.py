@@ -99,9 +99,9 @@ def _env_of(run_dir: Path) -> str:
     env = _summary(run_dir).get("env")
     if not env:
         try:
-            import yaml
-            env = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
-        except (OSError, ValueError, AttributeError, ImportError):
+            from fastrl import bounded_yaml
+            env = (bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
+        except (OSError, ValueError, AttributeError, ImportError, bounded_yaml.yaml.YAMLError):
             env = None
     return str(env or "")
 

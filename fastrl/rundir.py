@@ -146,11 +146,13 @@ def check_restart_owner(path: Path, cfg: Config) -> None:
     """A torchrun restart continues ``path`` only if that run is this job's: its saved config (seed included)
     must be ``cfg``."""
     import yaml
+
+    from fastrl import bounded_yaml
     saved_path = path / "config.yaml"
     if not saved_path.is_file():
         return  # the first attempt died before writing anything: nothing to mix up
     try:
-        saved = yaml.safe_load(saved_path.read_text()) or {}
+        saved = bounded_yaml.safe_load(saved_path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         saved = {}
     differing = config_differences(saved if isinstance(saved, dict) else {}, cfg)

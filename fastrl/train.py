@@ -28,7 +28,7 @@ import threading  # noqa: E402
 import types  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
+from fastrl.config import CODE_KEYS, YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
 
 if TYPE_CHECKING:
     from fastrl import distributed
@@ -77,14 +77,15 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     from fastrl.config import _coerce as coerce_value
     target = overrides["resume"]
     state = load_checkpoint(target)
-    # The checkpoint's env is used only if it imports no code; an env passed by the user is an override, judged below.
-    saved = checkpoint_config(state, f"checkpoint {target}", env=overrides.get("env")).to_dict()
-    saved["env"] = state["config"].get("env", saved["env"])
     given = dict(overrides)
     if yaml_path:
         given = {**{key: value for key, value in load_yaml(yaml_path).items()
                     if key.replace("-", "_") not in YAML_IGNORED}, **overrides}
     given = {key.replace("-", "_"): value for key, value in given.items()}
+    # The checkpoint's code names (env, policy) are used only if the user names them too; what the user passed is an
+    # override, judged below against the checkpoint's own.
+    saved = checkpoint_config(state, f"checkpoint {target}", given).to_dict()
+    saved.update({key: state["config"][key] for key in CODE_KEYS if key in state["config"]})
     changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
     if changed:
         diffs = ", ".join(f"{k} {saved[k]!r} -> {coerce_value(k, given[k])!r}" for k in changed)

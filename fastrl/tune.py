@@ -153,8 +153,10 @@ def parse_space(data, where: str) -> list[Param]:
 
 def load_space(path: str) -> list[Param]:
     import yaml
+
+    from fastrl import bounded_yaml
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = bounded_yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
                         "--space") from None
