@@ -126,7 +126,11 @@ def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: in
     ``play_first_episodes``. ``evaluate_per_seed`` is the plain twin, one seed group after another; for a
     deterministic policy both give the same returns.
     """
+    from fastrl.envs import probe_env
+    from fastrl.footprint import check_eval_memory
     max_steps, deterministic, max_total_steps = _bounds(cfg, max_steps, deterministic, max_total_steps)
+    shape, dtype, _ = probe_env(cfg)
+    check_eval_memory(seeds * episodes, shape, dtype, f"an evaluation of {seeds} seeds x {episodes} episodes")
     env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
     try:
         return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label,

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key,
-                           check_applicable, make_config, parse_cli_overrides)
+                           brief, check_applicable, make_config, parse_cli_overrides)
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -93,7 +93,7 @@ class Param:
 def _number(where: str, value, integer: bool = False):
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
-        raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+        raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {brief(value)}")
     return value
 
 
@@ -111,13 +111,13 @@ def parse_space(data, where: str) -> list[Param]:
             raise UserError(f"{where}: {name} is not a hyperparameter to search; set it with {NOT_TUNABLE[name]}")
         at = f"{where}: {name}"
         if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
-            raise UserError(f"{at}: expected {{type: {'|'.join(SPACE_TYPES)}, ...}}, got {entry!r}")
+            raise UserError(f"{at}: expected {{type: {'|'.join(SPACE_TYPES)}, ...}}, got {brief(entry)}")
         kind = entry["type"]
         allowed = {"categorical": {"type", "choices"}, "int": {"type", "low", "high", "step", "log"}}.get(
             kind, {"type", "low", "high"})
         extra = sorted(set(entry) - allowed)
         if extra:
-            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not {', '.join(extra)}")
+            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not {brief(', '.join(map(str, extra)))}")
         if kind == "categorical":
             choices = entry.get("choices")
             if not isinstance(choices, list) or not choices or not all(
@@ -131,7 +131,7 @@ def parse_space(data, where: str) -> list[Param]:
             integer = kind == "int"
             low, high = _number(f"{at}: low", entry["low"], integer), _number(f"{at}: high", entry["high"], integer)
             if not low < high:
-                raise UserError(f"{at}: low={low} must be below high={high}")
+                raise UserError(f"{at}: low={brief(low)} must be below high={brief(high)}")
             if kind == "loguniform" and low <= 0:
                 raise UserError(f"{at}: loguniform needs low > 0, got {low}")
             step = _number(f"{at}: step", entry.get("step", 1), True)
