@@ -196,12 +196,13 @@ class Agent:
     """
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
+        from fastrl.checkpoint import load_weights
         from fastrl.models import make_agent
         self.config, self.device, self.path, self._state = cfg, device, path, state
         shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
         self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
         self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
-        self.policy.load_state_dict(state["model"])
+        load_weights(self.policy, state["model"], f"checkpoint {path}" if path else "this agent's state")
         self.policy.to(device).eval()
         self.normalizer = state.get("normalizer")
         self._obs_rms = None

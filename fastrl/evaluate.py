@@ -256,7 +256,7 @@ def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", 
     """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
     given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy; ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
     ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
-    from fastrl.checkpoint import checkpoint_config, load_checkpoint, select_member
+    from fastrl.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
     from fastrl.distributed import resolve_device
     from fastrl.envs import make_env
     from fastrl.models import make_agent
@@ -267,6 +267,6 @@ def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", 
     probe = make_env(cfg, n_envs=1, training=False)
     agent = make_agent(cfg, probe.observation_shape, probe.action_spec)
     probe.close()
-    agent.load_state_dict(state["model"])
+    load_weights(agent, state["model"], f"checkpoint {target}")
     agent.to(dev).eval()
     return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

@@ -422,6 +422,8 @@ def tune_main(argv: list[str]) -> int:
 
 
 def _tune(optuna, settings, params: list[Param], base: Config) -> int:
+    import sqlalchemy.exc
+
     from fastrl.rundir import RunLock, make_dirs
     tune_dir = Path(settings.dir or Path("runs") / f"tune__{base.env.replace('/', '_').replace(':', '_')}__{base.algo}")
     make_dirs(tune_dir / "runs")
@@ -468,6 +470,10 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         best = write_best(study, base, settings, tune_dir / "best.yaml")
         print(json.dumps({"finished_trials": len(finished_trials(study)), "study": storage, **(best or {})}))
         return 0
+    except sqlalchemy.exc.SQLAlchemyError as e:  # a truncated, overwritten or foreign study.db
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used ({brief(reason, 120)}): it is "
+                        "damaged or not a fastrl study; move it away, or pass another --dir, to start anew") from None
     finally:
         lock.release()
 
