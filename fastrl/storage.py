@@ -69,8 +69,8 @@ def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
         raise write_error(what, path, e, len(data), hint) from None
 
 
-def strict_json(value) -> str:
-    """``value`` as indented JSON that strict parsers accept: NaN and infinities (a run whose rewards were NaN)
+def strict_json(value, indent: int | None = 2) -> str:
+    """``value`` as JSON (``indent``: as json.dumps takes it) that strict parsers accept: NaN and infinities (a run whose rewards were NaN)
     become null, never the bare ``NaN`` Python's json writes."""
     def finite(item):
         if isinstance(item, float) and not math.isfinite(item):
@@ -80,4 +80,4 @@ def strict_json(value) -> str:
         if isinstance(item, (list, tuple)):
             return [finite(v) for v in item]
         return item
-    return json.dumps(finite(value), indent=2, allow_nan=False)
+    return json.dumps(finite(value), indent=indent, allow_nan=False)

@@ -375,7 +375,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
                                                 for key in ("episode_return_mean", "eval_return_mean") if key in v}
                                  for v in summary["variants"]}
         from fastrl.console import print_result
-        if not print_result(json.dumps(shown)):
+        from fastrl.storage import strict_json
+        if not print_result(strict_json(shown, indent=None)):
             return 1
     return 0
 
