@@ -169,7 +169,7 @@ def _read_verified(path: Path) -> dict:
     if not isinstance(state, dict) or ("model" not in state and "members" not in state) or \
             not isinstance(state.get("config"), dict):
         raise UserError(f"{path} is not a fastrl checkpoint (no model entry, or no config mapping)")
-    if "checksum" in state and state["checksum"] != contents_digest(state):
+    if "checksum" in state and state.pop("checksum") != contents_digest(state):
         raise CorruptCheckpoint("its contents do not match the checksum written with them")
     return state
 

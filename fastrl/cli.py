@@ -62,7 +62,8 @@ def eval_main(argv: list[str]) -> int:
         from fastrl.loop import install_stop_handlers
         previous_handlers = install_stop_handlers(stop)
         returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
-                                           args.env, args.policy, deterministic=args.deterministic, max_steps=args.max_episode_steps,
+                                           args.env, args.policy, deterministic=args.deterministic,
+                                           max_steps=args.max_episode_steps,
                                            max_total_steps=args.max_steps, label="evaluation",
                                            should_stop=lambda: stop["stop"] is not None)
     except UserError as e:

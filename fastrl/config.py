@@ -118,8 +118,9 @@ class Config:
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
-                                 "(imports module first, so its Gymnasium registration runs), module:Class or path/to/file.py:Class "
-                                 "of a gymnasium.Env subclass or zero-argument factory", code=True)
+                                 "(imports module first, so its Gymnasium registration runs), module:Class or "
+                                 "path/to/file.py:Class of a gymnasium.Env subclass or zero-argument factory",
+                  code=True)
     n_envs: int = _f(32, "parallel environments of one agent, all its collectors together: split evenly across "
                         "torchrun ranks (unless per_rank) and across impala/appo actors; each population member has "
                         "its own n_envs")
@@ -436,7 +437,8 @@ def parse_resources(text: str) -> dict:
         except ValueError:
             amount = -1.0
         if amount < 0 or not math.isfinite(amount):
-            raise UserError(f"actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got {brief(item)}")
+            raise UserError("actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got "
+                            f"{brief(item)}")
         out[key.strip()] = amount
     return out
 

@@ -254,7 +254,8 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
 def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
                         env: str | None = None, policy: str | None = None, **evaluate_kwargs):
     """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
-    given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy; ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
+    given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy;
+    ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
     ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
     from fastrl.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
     from fastrl.distributed import resolve_device

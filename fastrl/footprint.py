@@ -57,7 +57,8 @@ def env_bytes(n_envs: int, obs_bytes: int) -> int:
 def model_bytes(cfg: Config, shape: tuple, action_spec, minibatch: int) -> tuple[int, int]:
     """``(parameters x 4 (weights, gradients, Adam's moments), one minibatch's activations x 3)`` in float32 bytes."""
     in_dim = math.prod(shape) if len(shape) == 1 else 512  # an image's conv encoder ends in a few hundred features
-    out_dim = max(action_spec.n, math.prod(action_spec.shape or (1,)), 1) * (2 if action_spec.kind == "continuous" else 1)
+    continuous = action_spec.kind == "continuous"  # a mean and a log-std per action dimension
+    out_dim = max(action_spec.n, math.prod(action_spec.shape or (1,)), 1) * (2 if continuous else 1)
     trunks = [list(cfg.hidden_sizes)] if cfg.shared_trunk else [list(cfg.pi_sizes or cfg.hidden_sizes),
                                                                 list(cfg.vf_sizes or cfg.hidden_sizes)]
     params = activations = 0

@@ -34,7 +34,8 @@ def import_target(name: str, key: str):
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise UserError(f"{key} {brief(name)}: no file {target!r}; name an existing .py file (path/to/file.py:Name)")
+            raise UserError(f"{key} {brief(name)}: no file {brief(target)}; name an existing .py file "
+                            "(path/to/file.py:Name)")
         directory, module_name = str(path.parent), path.stem
     else:
         directory, module_name = os.getcwd(), target
@@ -44,8 +45,9 @@ def import_target(name: str, key: str):
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001  (whatever the module raises, the user's fix is the same)
         first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"{key} {brief(name)}: importing module {module_name!r} failed ({type(e).__name__}: "
-                        f"{brief(first, 120)}); put it in the current directory or on PYTHONPATH, or fix the name") from None
+        raise UserError(f"{key} {brief(name)}: importing module {brief(module_name)} failed ({type(e).__name__}: "
+                        f"{brief(first, 120)}); put it in the current directory or on PYTHONPATH, or fix the "
+                        "name") from None
     if target.endswith(".py") and Path(getattr(module, "__file__", "") or "").resolve() != path:
         raise UserError(f"{key} {brief(name)}: module name {module_name!r} is already taken by "
                         f"{getattr(module, '__file__', None) or 'a built-in module'}; rename the file")

@@ -70,8 +70,8 @@ def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
 
 
 def strict_json(value, indent: int | None = 2) -> str:
-    """``value`` as JSON (``indent``: as json.dumps takes it) that strict parsers accept: NaN and infinities (a run whose rewards were NaN)
-    become null, never the bare ``NaN`` Python's json writes."""
+    """``value`` as JSON (``indent``: as json.dumps takes it) that strict parsers accept: NaN and infinities (a run
+    whose rewards were NaN) become null, never the bare ``NaN`` Python's json writes."""
     def finite(item):
         if isinstance(item, float) and not math.isfinite(item):
             return None

@@ -28,7 +28,8 @@ import threading  # noqa: E402
 import types  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from fastrl.config import CODE_KEYS, YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
+from fastrl.config import (CODE_KEYS, YAML_IGNORED, Config, UserError, brief, load_yaml, make_config,  # noqa: E402
+                           parse_cli_overrides)
 
 if TYPE_CHECKING:
     from fastrl import distributed
@@ -88,7 +89,7 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     saved.update({key: state["config"][key] for key in CODE_KEYS if key in state["config"]})
     changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
     if changed:
-        diffs = ", ".join(f"{k} {saved[k]!r} -> {coerce_value(k, given[k])!r}" for k in changed)
+        diffs = ", ".join(f"{k} {brief(saved[k])} -> {brief(coerce_value(k, given[k]))}" for k in changed)
         raise UserError(f"--resume {target} would change {diffs}; a resume continues the same model, env and batch "
                         f"shape: drop those flags, or start a new run with them (--config <run>/config.yaml)")
     base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)

@@ -117,7 +117,8 @@ def parse_space(data, where: str) -> list[Param]:
             kind, {"type", "low", "high"})
         extra = sorted(set(entry) - allowed)
         if extra:
-            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not {brief(', '.join(map(str, extra)))}")
+            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not "
+                            f"{brief(', '.join(map(str, extra)))}")
         if kind == "categorical":
             choices = entry.get("choices")
             if not isinstance(choices, list) or not choices or not all(
