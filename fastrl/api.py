@@ -90,6 +90,9 @@ def _vector_env_of(env):
     is_class = isinstance(env, type)
     if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
         return env, None
+    if not is_class:
+        from fastrl.names import check_env_factory
+        check_env_factory(env, getattr(env, "__qualname__", None) or type(env).__name__)  # callable with no arguments
     made = env()
     if isinstance(made, gymnasium.vector.VectorEnv):
         return made, made
@@ -320,8 +323,9 @@ class Agent:
         if holds_run(target):
             raise UserError(f"learn: run_dir {str(target)!r} already holds a run; pick another")
         start = save_checkpoint(self._checkpoint_state(), checkpoint_path(target, self.global_step))
-        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **overrides)
-        trained = load(run.run_dir, device=str(self.device)) if run.run_dir is not None else self
+        names = {key: getattr(self.config, key) for key in CODE_KEYS if getattr(self.config, key)}  # given to load
+        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **{**names, **overrides})
+        trained = load(run.run_dir, device=str(self.device), **names) if run.run_dir is not None else self
         self._state, self.path, self.config = trained._state, trained.path, trained.config
         self.policy.load_state_dict(trained.policy.state_dict())
         return run
