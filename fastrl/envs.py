@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import multiprocessing
+import sys
 import types
 import warnings
 from dataclasses import dataclass
@@ -385,17 +385,6 @@ def register_env_factory(name: str, factory) -> str:
     return name
 
 
-def _import_attr(module_name: str, qualname: str):
-    """``module.qualname`` (dotted), or None when it cannot be imported or found."""
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except Exception:  # noqa: BLE001  (any failure means "not importable by name")
-        return None
-
-
 def env_name(env) -> str:
     """The config string for ``env``. An id string is kept as given (``Id`` or ``module:Id``); a gymnasium.Env
     subclass or zero-argument factory becomes ``module:QualName`` when that imports back to the same object (so
@@ -408,12 +397,12 @@ def env_name(env) -> str:
     if isinstance(env, gymnasium.Env):
         raise UserError(f"env is an environment instance ({type(env).__name__}); pass its class or a zero-argument "
                         "factory instead: fastrl builds n_envs copies")
-    from fastrl.names import check_env_factory
+    from fastrl.names import attribute, check_env_factory
     check_env_factory(env, getattr(env, "__qualname__", None) or brief(env))
     module_name = getattr(env, "__module__", None) or type(env).__module__
     qualname = getattr(env, "__qualname__", None) or type(env).__qualname__
     name = f"{module_name}:{qualname}"
-    if _import_attr(module_name, qualname) is env:
+    if attribute(sys.modules.get(module_name), qualname) is env:  # what another process imports back
         return name
     base, k = name, 1
     while _ENV_FACTORIES.get(name, env) is not env:  # another object already holds this name
