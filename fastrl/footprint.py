@@ -3,8 +3,8 @@ is allocated, and compared with what the machine has: a run that cannot fit is r
 and the flag to change, instead of ending in a MemoryError, an allocator traceback or the OOM killer.
 
 The estimate is an upper bound of the big items, per population member and per torchrun rank on this node:
-- the rollout buffer, ``[n_steps, n_envs]`` rows of observation, action and the per-step scalars, twice (the update's
-  flattened minibatch copy);
+- the rollout buffer, ``[n_steps, n_envs]`` rows of observation, action and the per-step scalars (impala/appo: its
+  ring of ``n_slots`` such rollouts of one actor's envs), twice (the update's flattened copy);
 - the model: the MLP trunks' and heads' parameters, with their gradients and Adam's two moments (4 copies), and the
   activations of one minibatch (forward and backward);
 - the envs: ``ENV_BYTES`` each (EnvPool's CartPole takes about 26 KB, Gymnasium's about 3 KB; measured on a 2-core
@@ -81,11 +81,12 @@ def check_run_memory(cfg: Config, shape: tuple, dtype: torch.dtype, action_spec,
     available."""
     members = cfg.n_seeds * math.prod(len(values) for values in cfg.vary.values())
     n_envs = cfg.n_envs if cfg.per_rank or cfg.algo in ACTOR_LEARNER_ALGOS else max(cfg.n_envs // world_size, 1)
-    slots = max(cfg.n_slots, 2) if cfg.algo in ACTOR_LEARNER_ALGOS else 1
+    # impala/appo: a ring of n_slots rollouts of one actor's envs each; ppo/a2c: one rollout of the rank's envs
+    rollout_envs = cfg.n_slots * cfg.n_envs_per_actor if cfg.algo in ACTOR_LEARNER_ALGOS else n_envs
     obs = observation_bytes(shape, dtype)
     action = 4 * max(math.prod(action_spec.shape or (1,)), len(action_spec.nvec), 1)
     model, activations = model_bytes(cfg, shape, action_spec, max(cfg.batch_size // cfg.n_minibatches, 1))
-    device_parts = {"rollout buffer": 2 * slots * cfg.n_steps * n_envs * (obs + action + 4 * SCALARS),
+    device_parts = {"rollout buffer": 2 * cfg.n_steps * rollout_envs * (obs + action + 4 * SCALARS),
                     "model": model, "minibatch activations": activations}
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     host_parts = {"envs": env_bytes(n_envs, obs)}
