@@ -118,7 +118,7 @@ def parse_space(data, where: str) -> list[Param]:
         extra = sorted(set(entry) - allowed)
         if extra:
             raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not "
-                            f"{brief(', '.join(map(str, extra)))}")
+                            f"{', '.join(map(str, extra))[:80]}")
         if kind == "categorical":
             choices = entry.get("choices")
             if not isinstance(choices, list) or not choices or not all(
