@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import FIELDS, Config, UserError, _unknown_key
+from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
 from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
 
 
@@ -154,7 +154,8 @@ def train(
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
         if made_vector_env is not None:
             made_vector_env.close()  # fastrl called the factory, so fastrl closes what it made
-    return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary)
+    code_names = {key: getattr(cfg, key) or None for key in CODE_KEYS}
+    return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary, _code_names=code_names)
 
 
 def _is_vector_env(env) -> bool:
@@ -175,6 +176,9 @@ def _vector_env_of(env):
     is_class = isinstance(env, type)
     if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
         return env, None
+    if not is_class:
+        from fastrl.names import check_env_factory
+        check_env_factory(env, getattr(env, "__qualname__", None) or type(env).__name__)  # callable with no arguments
     made = env()
     if is_torchrl_env(made):
         made = TorchRLVectorEnv(made, owned=True)
@@ -251,6 +255,8 @@ class Run:
     run_dir: Path | None
     summary: dict
     _agent: Agent | None = dataclasses.field(default=None, repr=False, compare=False)
+    # The code names (env, policy) this process gave the run: the agent is loaded with them, never with a file's.
+    _code_names: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def agent(self) -> Agent:
@@ -258,16 +264,18 @@ class Run:
             if self.run_dir is None:
                 raise UserError("this process wrote no run directory (a torchrun rank other than 0); load the agent "
                                 "on rank 0")
-            self._agent = load(self.run_dir, env=self.summary.get("env"))  # the env this process was given
+            self._agent = load(self.run_dir, **self._code_names)
         return self._agent
 
 
-def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None) -> Agent:
+def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None,
+         policy=None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
     ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
     defined inside a function of another process), and must be given for a saved ``module:Name`` env, which a
-    checkpoint alone never makes fastrl import; ``device`` is where the policy runs. ``member``: which agent of a
-    population run (``--n-seeds``/``--vary``)."""
+    checkpoint alone never makes fastrl import; ``policy``: the same for a saved custom policy class (the class, or
+    its ``module:ClassName``); ``device`` is where the policy runs. ``member``: which agent of a population run
+    (``--n-seeds``/``--vary``)."""
     from fastrl.callbacks import best_checkpoint_path
     from fastrl.checkpoint import checkpoint_config, load_checkpoint, resolve_checkpoint, select_member
     from fastrl.distributed import resolve_device
@@ -281,7 +289,10 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
-    cfg = checkpoint_config(state, f"checkpoint {target}", env)  # a saved module:Name env is used only if passed
+    if isinstance(policy, type):
+        policy = policy_name(policy)
+    # a saved module:Name env or policy is used only if passed
+    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
     return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
 
 
@@ -324,12 +335,13 @@ class Agent:
     """
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
+        from fastrl.checkpoint import load_weights
         from fastrl.models import make_agent
         self.config, self.device, self.path, self._state = cfg, device, path, state
         shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
         self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
         self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
-        self.policy.load_state_dict(state["model"])
+        load_weights(self.policy, state["model"], f"checkpoint {path}" if path else "this agent's state")
         self.policy.to(device).eval()
         self.normalizer = state.get("normalizer")
         self._obs_rms = None
@@ -459,8 +471,9 @@ class Agent:
         if holds_run(target):
             raise UserError(f"learn: run_dir {str(target)!r} already holds a run; pick another")
         start = save_checkpoint(self._checkpoint_state(), checkpoint_path(target, self.global_step))
-        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **overrides)
-        trained = load(run.run_dir, device=str(self.device)) if run.run_dir is not None else self
+        names = {key: getattr(self.config, key) for key in CODE_KEYS if getattr(self.config, key)}  # given to load
+        run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **{**names, **overrides})
+        trained = load(run.run_dir, device=str(self.device), **names) if run.run_dir is not None else self
         self._state, self.path, self.config = trained._state, trained.path, trained.config
         self.policy.load_state_dict(trained.policy.state_dict())
         return run

@@ -1,11 +1,14 @@
-"""Checkpoints: atomic writes (tmp + fsync + rename), keep-last-N, safe loading (``weights_only=True``).
+"""Checkpoints: atomic writes (tmp + fsync + rename), keep-last-N, safe loading (``weights_only=True``), corruption
+detected.
 
 A checkpoint is a dict of tensors, numbers, strings, lists and dicts only, so ``torch.load`` never
-has to unpickle arbitrary objects: a file carrying code is refused.
+has to unpickle arbitrary objects: a file carrying code is refused. Its ``checksum`` entry is the sha256 of the rest
+(``contents_digest``), checked on load along with the zip's CRCs; a file without one (written before checksums) is
+still loaded. A corrupt checkpoint is refused naming the newest older checkpoint of its directory that verifies.
 """
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import os
 import pickle
 import random
@@ -16,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastrl.config import Config, UserError, make_config
+from fastrl.config import CODE_KEYS, Config, UserError, brief, make_config
 
 _NAME = re.compile(r"^ckpt_(\d{12})\.pt$")
 
@@ -53,6 +56,7 @@ def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    state = {**state, "checksum": contents_digest(state)}
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -78,20 +82,26 @@ def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
     return path
 
 
-def checkpoint_config(state: dict, where: str, env=None) -> Config:
-    """The ``Config`` a checkpoint was trained with, ``env`` (given by the user) replacing its env.
+def checkpoint_config(state: dict, where: str, given: dict | None = None) -> Config:
+    """The ``Config`` a checkpoint was trained with, the code names the user passed in ``given`` (its ``CODE_KEYS``:
+    ``env``, which may also be a class or factory, and ``policy``) replacing the checkpoint's own.
 
-    A checkpoint never makes fastrl import or call code: a saved env of the form ``module:Name`` (a module to import,
-    a class or factory to call) is used only when the user names it, by passing ``env``."""
+    A checkpoint never makes fastrl import or call code: a saved code key whose value names code (``module:Name``) is
+    refused unless the user passes that key in this process (``--env``, ``--policy``, ``env=``, ``policy=``)."""
     from fastrl.envs import env_name, is_process_local
-    cfg = make_config(state["config"], where=where)
-    if env is not None:
-        return dataclasses.replace(cfg, env=env_name(env))
-    if ":" in cfg.env and not is_process_local(cfg.env):
-        raise UserError(f"{where} names the env {cfg.env!r}, which would import and run code from module "
-                        f"{cfg.env.split(':', 1)[0]!r}; loading never does that on a file's word: pass the env "
-                        f"yourself (--env {cfg.env}, or env=... in Python) if you trust it")
-    return cfg
+    from fastrl.names import names_code
+    saved = state["config"]
+    mine = {key: value for key, value in (given or {}).items() if key in CODE_KEYS and value is not None}
+    if "env" in mine:
+        mine["env"] = env_name(mine["env"])
+    for key in CODE_KEYS:
+        value = saved.get(key)
+        if key in mine or not names_code(value) or (key == "env" and is_process_local(value)):
+            continue
+        raise UserError(f"{where} names the {key} {brief(value)}, which would import and run code from "
+                        f"{brief(value.rpartition(':')[0], 60)}; loading never does that on a file's word: pass it "
+                        f"yourself (--{key} {value[:80]}, or {key}=... in Python) if you trust it")
+    return make_config({**saved, **mine}, where=where)
 
 
 def resolve_checkpoint(target: str | Path) -> Path:
@@ -107,14 +117,45 @@ def resolve_checkpoint(target: str | Path) -> Path:
     raise UserError(f"checkpoint {str(target)!r} not found; pass an existing checkpoint file or run directory")
 
 
-def load_checkpoint(target: str | Path) -> dict:
-    """Load safely. A corrupted, truncated or code-carrying file raises a one-line UserError."""
-    path = resolve_checkpoint(target)
-    older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
-    corrupted = UserError(f"checkpoint {path} is corrupted or truncated"
-                          + (f"; try the older checkpoint {older[-1]}" if older else ""))
-    if not zipfile.is_zipfile(path):  # torch.save always writes a zip archive
-        raise corrupted
+def contents_digest(state: dict) -> str:
+    """sha256 (hex) over ``state`` without its ``checksum`` entry: every key, plain value and tensor (dtype, shape and
+    bytes), in order."""
+    digest = hashlib.sha256()
+    _feed(digest, {key: value for key, value in state.items() if key != "checksum"})
+    return digest.hexdigest()
+
+
+def _feed(digest, value) -> None:
+    if torch.is_tensor(value):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        digest.update(b"D%d" % len(value))
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, (list, tuple)):  # weights_only loading may turn one into the other
+        digest.update(b"L%d" % len(value))
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+
+class CorruptCheckpoint(UserError):
+    """A checkpoint file whose bytes are damaged (truncated, bit flips, a checksum that does not match)."""
+
+
+def _read_verified(path: Path) -> dict:
+    """The state in ``path``, or ``CorruptCheckpoint`` / a UserError (code-carrying or foreign file)."""
+    try:
+        with zipfile.ZipFile(path) as archive:  # torch.save always writes a zip archive, with CRCs torch.load skips
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError):
+        raise CorruptCheckpoint("not a readable zip archive") from None
+    if bad is not None:
+        raise CorruptCheckpoint(f"its entry {bad} fails its CRC check")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -122,12 +163,49 @@ def load_checkpoint(target: str | Path) -> dict:
         if "Weights only load failed" in message or "Unsupported global" in message:
             raise UserError(f"refusing to load {path}: it holds objects other than tensors and plain data, "
                             "which could run code; only load checkpoints you trust with other tools") from None
-        raise corrupted from None
+        raise CorruptCheckpoint("its pickle is damaged") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError):
-        raise corrupted from None
-    if not isinstance(state, dict) or ("model" not in state and "members" not in state) or "config" not in state:
-        raise UserError(f"{path} is not a fastrl checkpoint (no model/config entries)")
+        raise CorruptCheckpoint("torch.load cannot read it") from None
+    if not isinstance(state, dict) or ("model" not in state and "members" not in state) or \
+            not isinstance(state.get("config"), dict):
+        raise UserError(f"{path} is not a fastrl checkpoint (no model entry, or no config mapping)")
+    if "checksum" in state and state.pop("checksum") != contents_digest(state):
+        raise CorruptCheckpoint("its contents do not match the checksum written with them")
     return state
+
+
+def load_checkpoint(target: str | Path) -> dict:
+    """Load safely and verify. A corrupt (truncated, damaged, checksum mismatch) file raises a one-line UserError
+    naming the newest older checkpoint of its directory that verifies, or saying that none does; a code-carrying or
+    foreign file is refused in one line too."""
+    path = resolve_checkpoint(target)
+    try:
+        return _read_verified(path)
+    except CorruptCheckpoint as e:
+        why = str(e)
+    older = [p for p in list_checkpoints(path.parent) if p.name < path.name]
+    for candidate in reversed(older):
+        try:
+            _read_verified(candidate)
+        except UserError:
+            continue
+        raise UserError(f"checkpoint {path} is corrupted or truncated ({why}); the newest older checkpoint that "
+                        f"verifies is {candidate}: pass that one instead (or delete the corrupt file)")
+    others = f"none of the {len(older)} older checkpoints in {path.parent} verifies either" if older else \
+        "there is no older checkpoint beside it"
+    raise UserError(f"checkpoint {path} is corrupted or truncated ({why}), and {others}: start a new run")
+
+
+def load_weights(model: torch.nn.Module, weights, where: str) -> None:
+    """``model.load_state_dict(weights)``, or a one-line UserError when the checkpoint's weights do not fit the model
+    its config builds."""
+    try:
+        model.load_state_dict(weights)
+    except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        detail = next((line for line in lines if "mismatch" in line or "key" in line.lower()), lines[0])
+        raise UserError(f"the weights of {where} do not fit the model its config builds ({detail[:200]}): the "
+                        "file was altered or comes from another program; use another checkpoint") from None
 
 
 def select_member(state: dict, member: int | None, where) -> dict:

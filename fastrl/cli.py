@@ -37,6 +37,9 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
     parser.add_argument("--env", default=None, help="the env to evaluate on (required when the run's env is a "
                         "module:Name, which a checkpoint alone never makes fastrl import)")
+    parser.add_argument("--policy", default=None, help="the run's custom policy class, module:ClassName or "
+                        "path/to/file.py:ClassName (required when the run had one: a checkpoint alone never makes "
+                        "fastrl import it)")
     rule = parser.add_mutually_exclusive_group()
     rule.add_argument("--stochastic", dest="deterministic", action="store_false", default=None,
                       help="sample actions (default: the run's eval_deterministic, normally the policy's mode)")
@@ -63,7 +66,8 @@ def eval_main(argv: list[str]) -> int:
     try:
         previous_handlers = install_stop_handlers(stop)
         returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
-                                           args.env, deterministic=args.deterministic, max_steps=args.max_episode_steps,
+                                           args.env, args.policy, deterministic=args.deterministic,
+                                           max_steps=args.max_episode_steps,
                                            max_total_steps=args.max_steps, label="evaluation",
                                            should_stop=lambda: stop["stop"] is not None)
     except UserError as e:

@@ -10,12 +10,14 @@ import dataclasses
 import math
 import os
 import re
+import reprlib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
+from fastrl import bounded_yaml
 from fastrl.hints import flag_hint, key_hint, policy_hint
 
 
@@ -23,10 +25,23 @@ class UserError(Exception):
     """A mistake in what the user asked for: reported as one line, never with a traceback."""
 
 
-def _f(default, help: str, choices=None):
+def _f(default, help: str, choices=None, code: bool = False):
+    """A config field. ``code``: its value may name code (``module:Name``), which only ``fastrl.names`` resolves."""
+    metadata = {"help": help, "choices": choices, "code": code}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, "choices": choices})
-    return field(default=default, metadata={"help": help, "choices": choices})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 6, 6, 80, 80
+
+
+def brief(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, without expanding it first (an alias bomb's value is
+    billions of items deep in references): what error messages show of a value."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 ALGOS = ("ppo", "a2c", "impala", "appo")
@@ -103,7 +118,9 @@ class Config:
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
-                                 "(imports module first, so its Gymnasium registration runs)")
+                                 "(imports module first, so its Gymnasium registration runs), module:Class or "
+                                 "path/to/file.py:Class of a gymnasium.Env subclass or zero-argument factory",
+                  code=True)
     n_envs: int = _f(32, "parallel environments of one agent, all its collectors together: split evenly across "
                         "torchrun ranks (unless per_rank) and across impala/appo actors; each population member has "
                         "its own n_envs")
@@ -154,7 +171,8 @@ class Config:
     vf_sizes: list = _f([], "hidden widths of the value's MLP trunk (empty: hidden_sizes); separate trunks only")
     policy: str = _f("", "module:ClassName of your own nn.Module actor-critic, built as cls(observation_shape, "
                          "action_spec, config) with get_value, get_action_and_value and act_deterministic (see "
-                         "fastrl.models.ActorCritic); empty: the built-in one")
+                         "fastrl.models.ActorCritic), or path/to/file.py:ClassName; empty: the built-in one",
+                        code=True)
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
     init_log_std: float = _f(0.0, "initial log-std of the Gaussian policy (continuous actions)")
@@ -276,43 +294,44 @@ class Config:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise UserError(f"{f.name} must be a finite number, got {value}")
+                raise UserError(f"{f.name} must be a finite number, got {brief(value)}")
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
-                raise UserError(f"{f.name}={getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+                raise UserError(f"{f.name}={brief(getattr(self, f.name))} is not one of {', '.join(choices)}")
         positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints",
                     "eval_seeds", "clip_coef"]
         for name in positive:
             if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
         non_negative = ["ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
                         "env_threads", "checkpoint_interval", "eval_episodes", "obs_clip", "reward_clip",
                         "eval_interval", "rollback_drop", "max_rollbacks"]
         for name in non_negative:
             if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be >= 0, got {brief(getattr(self, name))}")
         for name in ("gamma", "gae_lambda"):
             if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UserError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+                raise UserError(f"{name} must be in [0, 1], got {brief(getattr(self, name))}")
         if self.batch_size % self.n_minibatches:
             raise UserError(f"n_envs*n_steps={self.batch_size} is not divisible by n_minibatches={self.n_minibatches}; "
                             "pick n_minibatches that divides it")
         if not self.hidden_sizes or any((not isinstance(h, int)) or h <= 0 for h in self.hidden_sizes):
-            raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {self.hidden_sizes}")
+            raise UserError(f"hidden_sizes must be a non-empty list of positive ints, got {brief(self.hidden_sizes)}")
         for name in ("pi_sizes", "vf_sizes"):
             if any((not isinstance(h, int)) or h <= 0 for h in getattr(self, name)):
-                raise UserError(f"{name} must be a list of positive ints, got {getattr(self, name)}")
+                raise UserError(f"{name} must be a list of positive ints, got {brief(getattr(self, name))}")
         if self.shared_trunk and (self.pi_sizes or self.vf_sizes):
             raise UserError("pi_sizes/vf_sizes give the policy and value separate trunks, and shared_trunk shares one: "
                             "drop one of them (shared_trunk uses hidden_sizes)")
         if self.policy and policy_hint(self.policy):
-            raise UserError(f"policy={self.policy!r}: {policy_hint(self.policy)}")
-        if self.policy and not re.fullmatch(r"[\w.]+:[\w.]+", self.policy):
-            raise UserError(f"policy={self.policy!r} is not module:ClassName; name a module-level nn.Module class")
+            raise UserError(f"policy={brief(self.policy)}: {policy_hint(self.policy)}")
+        if self.policy and not re.fullmatch(r"([\w.]+|[^:]+\.py):[\w.]+", self.policy):
+            raise UserError(f"policy={brief(self.policy)} is not module:ClassName or path/to/file.py:ClassName; name a "
+                            "module-level nn.Module class")
         if not 0 <= self.seed < 2**32:
             raise UserError(f"seed must be in [0, 2**32), got {self.seed}")
         if not (self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", self.device)):
-            raise UserError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N")
+            raise UserError(f"device={brief(self.device)} is not one of auto, cpu, cuda, cuda:N")
         if self.algo == "a2c" and (self.n_epochs != 1 or self.n_minibatches != 1):
             raise UserError(f"a2c makes one update per rollout; set n_epochs=1 and n_minibatches=1 "
                             f"(got {self.n_epochs} and {self.n_minibatches})")
@@ -320,7 +339,7 @@ class Config:
             raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
         for name in ("rollback_patience", "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"):
             if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
         if not 0.0 < self.rollback_lr_factor <= 1.0:
             raise UserError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
         if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
@@ -366,10 +385,10 @@ class Config:
     def _validate_actor_learner(self) -> None:
         for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"):
             if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
         for name in ("sync_interval", "max_policy_lag"):
             if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise UserError(f"{name} must be >= 0, got {brief(getattr(self, name))}")
         if not 0.0 <= self.vtrace_lambda <= 1.0:
             raise UserError(f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda}")
         if self.n_envs % self.n_actors:
@@ -406,6 +425,7 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+CODE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata["code"])
 
 
 def parse_resources(text: str) -> dict:
@@ -420,7 +440,8 @@ def parse_resources(text: str) -> dict:
         except ValueError:
             amount = -1.0
         if amount < 0 or not math.isfinite(amount):
-            raise UserError(f"actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got {item!r}")
+            raise UserError("actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got "
+                            f"{brief(item)}")
         out[key.strip()] = amount
     return out
 
@@ -472,7 +493,7 @@ def _coerce(name: str, value):
                 pass
         if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return list(value)
-    raise UserError(f"{name}: expected {kind.__name__}, got {value!r}")
+    raise UserError(f"{name}: expected {kind.__name__}, got {brief(value)}")
 
 
 # What --vary may set: each is per member in the trainer (a [K] hyperparameter tensor, the member's GAE, LR/clip
@@ -495,18 +516,18 @@ def _coerce_vary(value) -> dict:
         pairs = {}
         for item in value:
             if not isinstance(item, str) or "=" not in item:
-                raise UserError(f"vary: expected KEY=v1,v2,..., got {item!r}")
+                raise UserError(f"vary: expected KEY=v1,v2,..., got {brief(item)}")
             key, _, values = item.partition("=")  # a key given twice merges its values
             given = [v for v in values.replace(" ", ",").split(",") if v]
             pairs.setdefault(key.strip().replace("-", "_"), []).extend(given)
         value = pairs
     if not isinstance(value, dict):
-        raise UserError(f"vary: expected KEY=v1,v2,... or a mapping of key: [values], got {value!r}")
+        raise UserError(f"vary: expected KEY=v1,v2,... or a mapping of key: [values], got {brief(value)}")
     out = {}
     for key, values in value.items():
         key = str(key).replace("-", "_")
         if key not in FIELDS:
-            raise UserError(f"vary: unknown config key {key!r}; the keys that can vary are {', '.join(VARY_KEYS)}")
+            raise UserError(f"vary: unknown config key {brief(key)}; the keys that can vary are {', '.join(VARY_KEYS)}")
         if key not in VARY_KEYS:
             shape = key in SHAPE_KEYS or key in ("seed", "n_seeds", "total_steps")
             why = "it changes shapes or the run itself" if shape else "the members of one population share it"
@@ -523,13 +544,13 @@ def _coerce_vary(value) -> dict:
 def _unknown_key(name: str, where: str) -> UserError:
     """A config key (YAML, Python keyword) that does not exist: the one meant (``fastrl.hints``: other libraries'
     spellings first, then typos of ours)."""
-    return UserError(f"unknown config key {name!r} in {where}; {key_hint(name, FIELDS)}")
+    return UserError(f"unknown config key {brief(name)} in {where}; {key_hint(name, FIELDS)}")
 
 
 def load_yaml(path: str | Path) -> dict:
     path = resolve_config_path(path)  # a file, or a tuned config's name (ppo/lunarlander)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = bounded_yaml.safe_load(path.read_text()) or {}
     except UnicodeDecodeError:
         raise UserError(f"config file {str(path)!r} is not text (not UTF-8): pass a YAML file") from None
     except yaml.YAMLError as e:
@@ -673,7 +694,7 @@ def _unrecognized(extras: list[str], also: tuple = ()) -> UserError:
     command's own flags besides the config's, without ``--``)."""
     token = next((t for t in extras if t.startswith("-")), extras[0])
     if not token.startswith("-"):
-        return UserError(f"unrecognized argument {token!r}; flags take the form --name value (see --help)")
+        return UserError(f"unrecognized argument {brief(token)}; flags take the form --name value (see --help)")
     name = token.split("=", 1)[0]
     flags = sorted({n.replace("_", "-") for n in FIELDS} | {"config", *also})
     return UserError(f"unrecognized flag {name}; {flag_hint(name, flags)}")

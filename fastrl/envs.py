@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import multiprocessing
 import sys
 import types
@@ -39,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fastrl.config import UserError
+from fastrl.config import UserError, brief
 
 
 @dataclass(frozen=True)
@@ -386,17 +385,6 @@ def register_env_factory(name: str, factory) -> str:
     return name
 
 
-def _import_attr(module_name: str, qualname: str):
-    """``module.qualname`` (dotted), or None when it cannot be imported or found."""
-    try:
-        obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-        return obj
-    except Exception:  # noqa: BLE001  (any failure means "not importable by name")
-        return None
-
-
 def env_name(env) -> str:
     """The config string for ``env``. An id string is kept as given (``Id`` or ``module:Id``); a gymnasium.Env
     subclass or zero-argument factory becomes ``module:QualName`` when that imports back to the same object (so
@@ -413,12 +401,12 @@ def env_name(env) -> str:
     if isinstance(env, gymnasium.Env):
         raise UserError(f"env is an environment instance ({type(env).__name__}); pass its class or a zero-argument "
                         "factory instead: fastrl builds n_envs copies")
-    if not callable(env):
-        raise UserError(f"env must be an env id, a gymnasium.Env subclass or a zero-argument factory, got {env!r}")
+    from fastrl.names import attribute, check_env_factory
+    check_env_factory(env, getattr(env, "__qualname__", None) or brief(env))
     module_name = getattr(env, "__module__", None) or type(env).__module__
     qualname = getattr(env, "__qualname__", None) or type(env).__qualname__
     name = f"{module_name}:{qualname}"
-    if _import_attr(module_name, qualname) is env:
+    if attribute(sys.modules.get(module_name), qualname) is env:  # what another process imports back
         return name
     base, k = name, 1
     while _ENV_FACTORIES.get(name, env) is not env:  # another object already holds this name
@@ -445,19 +433,15 @@ def resolve_env(env_id: str) -> tuple[str, object]:
                         "vector env itself, or the id, class or factory of one env")
     if ":" not in env_id:
         return env_id, None
-    module_name, name = env_id.split(":", 1)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001  (whatever the module raises, the user's fix is the same)
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"env {env_id!r}: importing module {module_name!r} failed ({type(e).__name__}: {first}); "
-                        "put it on PYTHONPATH or fix the name") from None
+    from fastrl.names import attribute, check_env_factory, import_target
+    module, name = import_target(env_id, "env")  # the one resolver of module:Name and path/to/file.py:Name
     if name in envpool_ids() or name in gymnasium_ids():
         return name, None
-    factory = _import_attr(module.__name__, name)
-    if factory is None or not callable(factory):
-        raise UserError(f"env {env_id!r}: module {module_name!r} registers no Gymnasium id {name!r} and has no class "
-                        "or factory of that name")
+    factory = attribute(module, name)
+    if factory is None:
+        raise UserError(f"env {brief(env_id)}: module {module.__name__!r} registers no Gymnasium id {name!r} and has "
+                        "no class or factory of that name")
+    factory = check_env_factory(factory, env_id)
     return env_id, factory
 
 

@@ -126,7 +126,11 @@ def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: in
     ``play_first_episodes``. ``evaluate_per_seed`` is the plain twin, one seed group after another; for a
     deterministic policy both give the same returns.
     """
+    from fastrl.envs import probe_env
+    from fastrl.footprint import check_eval_memory
     max_steps, deterministic, max_total_steps = _bounds(cfg, max_steps, deterministic, max_total_steps)
+    shape, dtype, _ = probe_env(cfg)
+    check_eval_memory(seeds * episodes, shape, dtype, f"an evaluation of {seeds} seeds x {episodes} episodes")
     env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
     try:
         return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label,
@@ -248,21 +252,22 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
 
 
 def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
-                        env: str | None = None, **evaluate_kwargs):
+                        env: str | None = None, policy: str | None = None, **evaluate_kwargs):
     """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
-    given (required for a saved ``module:Name`` env; ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
+    given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy;
+    ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
     ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
-    from fastrl.checkpoint import checkpoint_config, load_checkpoint, select_member
+    from fastrl.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
     from fastrl.distributed import resolve_device
     from fastrl.envs import make_env
     from fastrl.models import make_agent
 
     state = select_member(load_checkpoint(target), member, f"checkpoint {target}")
-    cfg = checkpoint_config(state, f"checkpoint {target}", env)
+    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
     dev = resolve_device(device)
     probe = make_env(cfg, n_envs=1, training=False)
     agent = make_agent(cfg, probe.observation_shape, probe.action_spec)
     probe.close()
-    agent.load_state_dict(state["model"])
+    load_weights(agent, state["model"], f"checkpoint {target}")
     agent.to(dev).eval()
     return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

@@ -33,7 +33,6 @@ run row is the member's), ``member_agent(m)``, ``member_info(m)``, ``member_epis
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -52,6 +51,7 @@ from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.rundir import restart_count, write_config
+from fastrl.storage import strict_json
 
 
 def process_seconds() -> float | None:
@@ -372,7 +372,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
         if dist_info.is_main:
             summary["world_size"] = dist_info.world_size
             summary["param_hashes"] = hashes
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            (run_dir / "summary.json").write_text(strict_json(summary))
             if cfg.plot:
                 logger.write_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
         if env_error is not None or callback_error is not None:

@@ -407,19 +407,13 @@ class DictActorCritic(SharedFeatureHeads):
 
 
 def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
-    """``cfg.policy`` (``module:QualName`` of an ``nn.Module`` class) built as ``cls(obs_shape, action_spec, cfg)``."""
-    import importlib
+    """``cfg.policy`` (``module:QualName`` or ``path/to/file.py:QualName`` of an ``nn.Module`` class) built as
+    ``cls(obs_shape, action_spec, cfg)``; any other object is refused before it is called."""
     import inspect
 
     from fastrl.config import UserError
-    module_name, _, qualname = cfg.policy.partition(":")
-    try:
-        cls = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-    except (ImportError, AttributeError) as e:
-        raise UserError(f"policy {cfg.policy!r} cannot be imported ({type(e).__name__}: {e}); name a module-level "
-                        "nn.Module class as module:ClassName, importable on PYTHONPATH") from None
+    from fastrl.names import resolve_name
+    cls = resolve_name(cfg.policy, "policy")
     expected = "an nn.Module class built as cls(observation_shape, action_spec, config)"
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise UserError(f"policy {cfg.policy!r} is not an nn.Module class: name {expected}")

@@ -12,26 +12,22 @@ import json
 import sys
 from pathlib import Path
 
-from fastrl.config import UserError
+from fastrl.config import UserError, brief
 
 # The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
 RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
 
 
 def read_rows(run_dir: str | Path) -> list[dict]:
-    """The rows of ``run_dir/metrics.jsonl``; a torn last line (a killed run) is skipped."""
+    """The rows of ``run_dir/metrics.jsonl``; malformed lines (a torn last line of a killed run, bad bytes, a
+    global_step that is no number) are skipped, and counted in one stderr line."""
+    from fastrl.metrics_file import parse_rows, report_skipped
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{run_dir} holds no metrics.jsonl; pass run directories (runs/<run>)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("global_step"), (int, float)):
-            rows.append(row)
-    return rows
+    rows, skipped = parse_rows(path.read_bytes())
+    report_skipped(path, skipped, "fastrl plot")
+    return [row for _, row in rows]
 
 
 def curves(rows: list[dict]) -> dict:
@@ -99,9 +95,9 @@ def _env_of(run_dir: Path) -> str:
     env = _summary(run_dir).get("env")
     if not env:
         try:
-            import yaml
-            env = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
-        except (OSError, ValueError, AttributeError, ImportError):
+            from fastrl import bounded_yaml
+            env = (bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
+        except (OSError, ValueError, AttributeError, ImportError, bounded_yaml.yaml.YAMLError):
             env = None
     return str(env or "")
 
@@ -181,10 +177,20 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, names: list[str] | None = None) -> Path:
     """Write the learning curves of ``run_dirs`` to the PNG ``out``. Returns its path.
 
-    Raises UserError for a directory without ``metrics.jsonl`` and ImportError when matplotlib is missing.
+    ``out`` an existing directory: ``out/learning_curves.png``; without an extension: ``out.png``. Raises UserError
+    for a directory without ``metrics.jsonl`` or an extension matplotlib cannot write, and ImportError when matplotlib
+    is missing.
     """
-    fig = learning_curve_figure(run_dirs, names)
     out = Path(out)
+    if out.is_dir():
+        out = out / "learning_curves.png"
+    elif not out.suffix:
+        out = out.with_name(out.name + ".png")
+    fig = learning_curve_figure(run_dirs, names)
+    formats = fig.canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        raise UserError(f"cannot write a plot to {brief(str(out))}: unsupported extension {brief(out.suffix)}; use "
+                        f"one of {', '.join('.' + name for name in sorted(formats))}")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out

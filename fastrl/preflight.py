@@ -10,6 +10,7 @@ combinations); it adds what only the machine, the launch and the env can tell:
 - run directory: the one this run would write (``run_dir``, or ``runs/``) can be created and written;
 - device: CUDA present, the GPU index exists, one GPU per torchrun rank;
 - precision: fp16 needs CUDA, bf16 a GPU that has it; deterministic CUDA needs cuBLAS's workspace setting;
+- memory: the rollout buffer, model and envs must fit in the memory this machine has (``fastrl.footprint``);
 - env x model: one env is built (then closed) to learn the observation shape and dtype; the encoder must fit
   them, and normalize_obs needs float observations;
 - env x launch: impala/appo actors rebuild the env by name, so a factory known to this process only is refused.
@@ -25,6 +26,7 @@ import torch
 
 from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
 from fastrl.envs import probe_env
+from fastrl.footprint import check_run_memory
 
 _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
@@ -46,7 +48,8 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     if cfg.actors == "ray":  # fastrl.ray_actors imports the actor-learner machinery (a second of start-up)
         from fastrl.ray_actors import check_ray
         check_ray(cfg)
-    observation_shape, observation_dtype, _action_spec = probe_env(cfg)
+    observation_shape, observation_dtype, action_spec = probe_env(cfg)
+    check_run_memory(cfg, observation_shape, observation_dtype, action_spec, device, world_size)
     check_model(cfg, observation_shape, observation_dtype)
     check_env_mode(cfg, world_size)
 

@@ -146,11 +146,13 @@ def check_restart_owner(path: Path, cfg: Config) -> None:
     """A torchrun restart continues ``path`` only if that run is this job's: its saved config (seed included)
     must be ``cfg``."""
     import yaml
+
+    from fastrl import bounded_yaml
     saved_path = path / "config.yaml"
     if not saved_path.is_file():
         return  # the first attempt died before writing anything: nothing to mix up
     try:
-        saved = yaml.safe_load(saved_path.read_text()) or {}
+        saved = bounded_yaml.safe_load(saved_path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         saved = {}
     differing = config_differences(saved if isinstance(saved, dict) else {}, cfg)
@@ -267,14 +269,12 @@ def rewind_logs(run_dir: Path, step: int, drop_final_eval: bool = False) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-            row_step = row.get("global_step", 0)
-        except (json.JSONDecodeError, AttributeError):  # a torn last line from a kill -9
-            dropped += 1
-            continue
+    from fastrl.metrics_file import parse_rows, report_skipped
+    rows, dropped = parse_rows(path.read_bytes())  # malformed rows (a torn last line from a kill -9) go
+    report_skipped(path, dropped, "fastrl")
+    kept = []
+    for line, row in rows:
+        row_step = row["global_step"]
         if row_step > step or drop_final_eval and row_step == step and row.keys() <= _FINAL_EVAL_KEYS:
             dropped += 1
         else:

@@ -3,6 +3,8 @@ whole-file writes that never leave a partial file behind."""
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 from pathlib import Path
 
@@ -65,3 +67,17 @@ def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise write_error(what, path, e, len(data), hint) from None
+
+
+def strict_json(value, indent: int | None = 2) -> str:
+    """``value`` as JSON (``indent``: as json.dumps takes it) that strict parsers accept: NaN and infinities (a run
+    whose rewards were NaN) become null, never the bare ``NaN`` Python's json writes."""
+    def finite(item):
+        if isinstance(item, float) and not math.isfinite(item):
+            return None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+    return json.dumps(finite(value), indent=indent, allow_nan=False)

@@ -27,7 +27,8 @@ import json  # noqa: E402
 import threading  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from fastrl.config import YAML_IGNORED, Config, UserError, load_yaml, make_config, parse_cli_overrides  # noqa: E402
+from fastrl.config import (CODE_KEYS, YAML_IGNORED, Config, UserError, brief, load_yaml, make_config,  # noqa: E402
+                           parse_cli_overrides)
 
 if TYPE_CHECKING:
     from fastrl import distributed
@@ -76,17 +77,18 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
     from fastrl.config import _coerce as coerce_value
     target = overrides["resume"]
     state = load_checkpoint(target)
-    # The checkpoint's env is used only if it imports no code; an env passed by the user is an override, judged below.
-    saved = checkpoint_config(state, f"checkpoint {target}", env=overrides.get("env")).to_dict()
-    saved["env"] = state["config"].get("env", saved["env"])
     given = dict(overrides)
     if yaml_path:
         given = {**{key: value for key, value in load_yaml(yaml_path).items()
                     if key.replace("-", "_") not in YAML_IGNORED}, **overrides}
     given = {key.replace("-", "_"): value for key, value in given.items()}
+    # The checkpoint's code names (env, policy) are used only if the user names them too; what the user passed is an
+    # override, judged below against the checkpoint's own.
+    saved = checkpoint_config(state, f"checkpoint {target}", given).to_dict()
+    saved.update({key: state["config"][key] for key in CODE_KEYS if key in state["config"]})
     changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
     if changed:
-        diffs = ", ".join(f"{k} {saved[k]!r} -> {coerce_value(k, given[k])!r}" for k in changed)
+        diffs = ", ".join(f"{k} {brief(saved[k])} -> {brief(coerce_value(k, given[k]))}" for k in changed)
         raise UserError(f"--resume {target} would change {diffs}; a resume continues the same model, env and batch "
                         f"shape: drop those flags, or start a new run with them (--config <run>/config.yaml)")
     base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
@@ -373,7 +375,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
                                                 for key in ("episode_return_mean", "eval_return_mean") if key in v}
                                  for v in summary["variants"]}
         from fastrl.console import print_result
-        if not print_result(json.dumps(shown)):
+        from fastrl.storage import strict_json
+        if not print_result(strict_json(shown, indent=None)):
             return 1
     return 0
 

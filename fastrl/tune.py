@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key,
-                           check_applicable, make_config, parse_cli_overrides)
+                           brief, check_applicable, make_config, parse_cli_overrides)
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -96,7 +96,7 @@ def _number(where: str, value, integer: bool = False):
         value = _numeric(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
-        raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {value!r}")
+        raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {brief(value)}")
     return value
 
 
@@ -123,13 +123,14 @@ def parse_space(data, where: str) -> list[Param]:
             raise UserError(f"{where}: {name} is not a hyperparameter to search; set it with {NOT_TUNABLE[name]}")
         at = f"{where}: {name}"
         if not isinstance(entry, dict) or entry.get("type") not in SPACE_TYPES:
-            raise UserError(f"{at}: expected {{type: {'|'.join(SPACE_TYPES)}, ...}}, got {entry!r}")
+            raise UserError(f"{at}: expected {{type: {'|'.join(SPACE_TYPES)}, ...}}, got {brief(entry)}")
         kind = entry["type"]
         allowed = {"categorical": {"type", "choices"}, "int": {"type", "low", "high", "step", "log"}}.get(
             kind, {"type", "low", "high"})
         extra = sorted(set(entry) - allowed)
         if extra:
-            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not {', '.join(extra)}")
+            raise UserError(f"{at}: {kind} takes {', '.join(sorted(allowed - {'type'}))}, not "
+                            f"{', '.join(map(str, extra))[:80]}")
         if kind == "categorical":
             choices = entry.get("choices")
             if not isinstance(choices, list) or not choices or not all(
@@ -145,7 +146,7 @@ def parse_space(data, where: str) -> list[Param]:
             integer = kind == "int"
             low, high = _number(f"{at}: low", entry["low"], integer), _number(f"{at}: high", entry["high"], integer)
             if not low < high:
-                raise UserError(f"{at}: low={low} must be below high={high}")
+                raise UserError(f"{at}: low={brief(low)} must be below high={brief(high)}")
             if kind == "loguniform" and low <= 0:
                 raise UserError(f"{at}: loguniform needs low > 0, got {low}")
             step = _number(f"{at}: step", entry.get("step", 1), True)
@@ -167,8 +168,10 @@ def parse_space(data, where: str) -> list[Param]:
 
 def load_space(path: str) -> list[Param]:
     import yaml
+
+    from fastrl import bounded_yaml
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = bounded_yaml.safe_load(Path(path).read_text())
     except OSError as e:
         raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
                         "--space") from None
@@ -435,6 +438,8 @@ def tune_main(argv: list[str]) -> int:
 
 
 def _tune(optuna, settings, params: list[Param], base: Config) -> int:
+    import sqlalchemy.exc
+
     from fastrl.rundir import RunLock, make_dirs
     tune_dir = Path(settings.dir or Path("runs") / f"tune__{base.env.replace('/', '_').replace(':', '_')}__{base.algo}")
     make_dirs(tune_dir / "runs")
@@ -481,6 +486,10 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         best = write_best(study, base, settings, tune_dir / "best.yaml")
         print(json.dumps({"finished_trials": len(finished_trials(study)), "study": storage, **(best or {})}))
         return 0
+    except sqlalchemy.exc.SQLAlchemyError as e:  # a truncated, overwritten or foreign study.db
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
+        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used ({brief(reason, 120)}): it is "
+                        "damaged or not a fastrl study; move it away, or pass another --dir, to start anew") from None
     finally:
         lock.release()
 

@@ -5,7 +5,8 @@ import shlex
 import pytest
 import torch
 
-from fastrl.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, resolve_checkpoint, save_checkpoint
+from fastrl.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
+                               save_checkpoint)
 from fastrl.config import UserError, make_config
 
 
@@ -38,7 +39,9 @@ def test_round_trip_weights_only(tmp_path):
     state = _state(1024)
     path = save_checkpoint(state, checkpoint_path(tmp_path, 1024))
     assert path == tmp_path / "checkpoints" / "ckpt_000000001024.pt"
-    _assert_same(torch.load(path, weights_only=True), state)
+    saved = torch.load(path, weights_only=True)
+    assert saved.pop("checksum") == contents_digest(state)  # the sha256 of the rest, verified on load
+    _assert_same(saved, state)
     _assert_same(load_checkpoint(path), state)
     _assert_same(load_checkpoint(tmp_path), state)  # a run dir resolves to its newest checkpoint
     assert not [p for p in path.parent.iterdir() if p.name.startswith(".")], "no temporary files left behind"

@@ -77,6 +77,7 @@ def test_resume_that_would_train_nothing_is_refused(run_copy, capsys, total, nee
 def test_resume_with_a_mismatched_state_dict_is_one_line(run_copy, capsys):
     ckpt = list_checkpoints(run_copy / "checkpoints")[-1]
     state = torch.load(ckpt, weights_only=True)
+    state.pop("checksum")  # a crafted file, as one written before checksums
     name = next(k for k in state["model"] if k.endswith("weight"))
     state["model"][name] = torch.zeros(3, 3)
     torch.save(state, ckpt)
@@ -120,6 +121,7 @@ def test_a_checkpoint_never_makes_fastrl_import_or_call_code(run_copy, tmp_path)
     for ckpt in list_checkpoints(run_copy / "checkpoints"):
         state = torch.load(ckpt, weights_only=True)
         state["config"]["env"] = "fastrl_fault_envs:touch_marker"
+        state.pop("checksum")  # a crafted file, as one written before checksums
         torch.save(state, ckpt)
     marker = tmp_path / "called"
     env = {**os.environ, "FASTRL_MARKER": str(marker), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",

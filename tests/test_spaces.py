@@ -80,7 +80,9 @@ def test_a_custom_policy_module_trains_and_reloads(tmp_path):
     from fastrl_match_env import MatchTarget
     run = _train(MatchTarget, tmp_path, policy=TinyPolicy, total_steps=2048, lr=1e-2)
     assert run.summary["eval_return_mean"] >= 6.0, run.summary  # random: 2 of 8
-    agent = fastrl.load(run.run_dir, env=MatchTarget)  # a saved module:Name env is rebuilt only when passed
+    # a saved module:Name env or policy is rebuilt only when passed
+    assert "--policy fastrl_space_envs:TinyPolicy" in one_line_error(fastrl.load, run.run_dir, env=MatchTarget)
+    agent = fastrl.load(run.run_dir, env=MatchTarget, policy=TinyPolicy)
     assert isinstance(agent.policy, TinyPolicy) and agent.config.policy == "fastrl_space_envs:TinyPolicy"
     local = type("Local", (TinyPolicy,), {})
     local.__qualname__ = "f.<locals>.Local"
