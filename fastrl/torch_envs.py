@@ -107,6 +107,9 @@ class TorchCartPoleEnv:
         self.device = torch.device(device)
         self.observation_shape, self.observation_dtype, self.obs_scale = (4,), torch.float32, 1.0
         self.action_spec = ActionSpec("discrete", n=2)
+        import gymnasium  # the spaces Gymnasium's CartPole-v1 declares, bounds loosened to the real line
+        self.observation_space = gymnasium.spaces.Box(-float("inf"), float("inf"), (4,), "float32")
+        self.action_space = gymnasium.spaces.Discrete(2)
         self.stats = EpisodeStats(n_envs)
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
