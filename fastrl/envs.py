@@ -39,8 +39,7 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
-from fastrl.spaces import (ActionSpec, ObservationPart, action_spec_of, dict_layout, observation_format,  # noqa: F401
-                           pack_observation)
+from fastrl.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
 
 
 @dataclass
