@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
-from fastrl.envs import ActionSpec, RunningMeanStd, env_name, normalize_observation, pack_observation
+from fastrl.envs import RunningMeanStd, env_name, normalize_observation
+from fastrl.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
 
 
 def train(
@@ -271,13 +272,16 @@ class Run:
 def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None,
          policy=None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
-    ``EvalCallback``'s ``checkpoints/best.pt``). ``env`` overrides the env the checkpoint names (e.g. an env
-    defined inside a function of another process), and must be given for a saved ``module:Name`` env, which a
-    checkpoint alone never makes fastrl import; ``policy``: the same for a saved custom policy class (the class, or
-    its ``module:ClassName``); ``device`` is where the policy runs. ``member``: which agent of a population run
+    ``EvalCallback``'s ``checkpoints/best.pt``). The checkpoint carries the env's observation and action spaces, so
+    the agent acts (``act``, ``predict``) without building its env or importing its code; ``env`` overrides the env
+    the checkpoint names, for what steps an env (``evaluate``), and must be given there for a saved ``module:Name``
+    env, which a checkpoint alone never makes fastrl import (and for loading an older checkpoint, without spaces, of
+    such an env); ``policy``: the same for a saved custom policy class (the class, or its ``module:ClassName``),
+    needed to build the model; ``device`` is where the policy runs. ``member``: which agent of a population run
     (``--n-seeds``/``--vary``)."""
     from fastrl.callbacks import best_checkpoint_path
-    from fastrl.checkpoint import checkpoint_config, load_checkpoint, resolve_checkpoint, select_member
+    from fastrl.checkpoint import (checkpoint_config, checkpoint_spaces, load_checkpoint, resolve_checkpoint,
+                                   select_member)
     from fastrl.distributed import resolve_device
 
     target = Path(path)
@@ -291,9 +295,13 @@ def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "c
     state = select_member(state, member, f"checkpoint {target}")
     if isinstance(policy, type):
         policy = policy_name(policy)
-    # a saved module:Name env or policy is used only if passed
-    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
-    return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target))
+    where = f"checkpoint {target}"
+    # With the spaces saved, the env is judged only when one is stepped (Agent.evaluate); a saved module:Name policy
+    # is used only if passed, as it must be imported to build the model.
+    spaces_saved = env is None and checkpoint_spaces(state, where) is not None
+    given = {"env": state["config"].get("env") if spaces_saved else env, "policy": policy}
+    cfg = checkpoint_config(state, where, given)
+    return Agent(state, cfg, resolve_device(device), resolve_checkpoint(target), env_named=env is not None)
 
 
 def evaluate(path: str | os.PathLike, *, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
@@ -311,10 +319,10 @@ def evaluate(path: str | os.PathLike, *, episodes: int = 10, seeds: int = 1, det
                           max_episode_steps=max_episode_steps, max_steps=max_steps)
 
 
-def _probe(cfg: Config, hint: str) -> tuple[tuple, torch.dtype, ActionSpec]:
-    from fastrl.envs import probe_env
+def _probe(probe, cfg: Config, hint: str):
+    """``probe(cfg)`` (``fastrl.envs.probe_env`` or ``probe_spaces``), ``hint`` added to its one-line errors."""
     try:
-        return probe_env(cfg)
+        return probe(cfg)
     except UserError as e:
         raise UserError(f"{e}; {hint}") from None
 
@@ -324,8 +332,10 @@ class Agent:
     ``save(path)`` writes it to one file; ``learn(steps)`` trains it further.
 
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
-    ``get_action_and_value``), ``observation_shape`` / ``observation_dtype`` / ``action_spec`` those of one env,
-    ``path`` the checkpoint it came from.
+    ``get_action_and_value``), ``observation_space`` / ``action_space`` one env's Gymnasium spaces (read from the
+    checkpoint, or from one env built for an older checkpoint), ``observation_shape`` / ``observation_dtype`` /
+    ``action_spec`` what the policy takes and gives, ``path`` the checkpoint it came from. ``env_named``: whether the
+    user named the env (else a saved ``module:Name`` env is refused where an env must be stepped).
 
     ``policy(obs)`` (its ``forward``, for fastrl's models) is the deterministic action of raw observations (one or a
     batch ``[B, *obs]``), as ``act`` gives it: the saved observation normalizer applied, continuous actions clamped to the
@@ -334,13 +344,21 @@ class Agent:
         env.rollout(10, TensorDictModule(agent.policy, in_keys=["observation"], out_keys=["action"]))
     """
 
-    def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None):
-        from fastrl.checkpoint import load_weights
+    def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None,
+                 env_named: bool = True):
+        from fastrl.checkpoint import checkpoint_spaces, load_weights
+        from fastrl.envs import probe_spaces
         from fastrl.models import make_agent
-        self.config, self.device, self.path, self._state = cfg, device, path, state
-        shape, dtype, spec = _probe(cfg, "pass env= to fastrl.load to name the env this agent acts in")
-        self.observation_shape, self.observation_dtype, self.action_spec = tuple(shape), dtype, spec
-        self.policy = make_agent(cfg, shape, spec)  # a pixel model's obs_scale is a buffer: the state restores it
+        self.config, self.device, self.path, self._state, self._env_named = cfg, device, path, state, env_named
+        spaces = checkpoint_spaces(state, f"checkpoint {path}") or _probe(
+            probe_spaces, cfg, "pass env= to fastrl.load to name the env this agent acts in")
+        self.observation_space, self.action_space = spaces
+        form = observation_format(self.observation_space, cfg.env)
+        shape = (form.shape[0] + 1,) if cfg.time_feature else form.shape  # the time feature: one more entry
+        spec = action_spec_of(self.action_space)
+        self.observation_shape, self.observation_dtype, self.action_spec = shape, form.dtype, spec
+        # A pixel model's obs_scale is a buffer: the state restores it.
+        self.policy = make_agent(cfg, shape, spec, observation_space=self.observation_space)
         load_weights(self.policy, state["model"], f"checkpoint {path}" if path else "this agent's state")
         self.policy.to(device).eval()
         self.normalizer = state.get("normalizer")
@@ -353,7 +371,7 @@ class Agent:
             self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
             self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
         if hasattr(self.policy, "act_deterministic"):  # fastrl's models (a custom policy keeps its own forward)
-            _RawIO(self.observation_shape, dtype, self._obs_rms, cfg.obs_clip,
+            _RawIO(self.observation_shape, self.observation_dtype, self._obs_rms, cfg.obs_clip,
                    (self._low, self._high) if spec.kind == "continuous" else None).install(self.policy)
 
     def __repr__(self) -> str:
@@ -397,6 +415,8 @@ class Agent:
         returns_tensor = torch.is_tensor(obs) or isinstance(obs, TensorDictBase) or \
             isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
+        if getattr(self.observation_space, "shape", None) == () and x.dim() <= 1:  # Discrete: one integer, or [B]
+            x = x.unsqueeze(-1)
         if x.is_complex():
             raise UserError(f"observations must be real numbers, got dtype {x.dtype}")
         expected, got = self.observation_shape, tuple(x.shape)
@@ -441,7 +461,8 @@ class Agent:
 
     def _checkpoint_state(self) -> dict:
         """The checkpoint this agent came from, with the policy's current weights."""
-        return {**self._state, "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}}
+        return {**self._state, "spaces": spaces_to_data(self.observation_space, self.action_space),
+                "model": {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}}
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write this agent to one self-contained file (weights, config, observation normalizer, optimizer state and
@@ -489,10 +510,14 @@ class Agent:
         from fastrl.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
+        from fastrl.checkpoint import checkpoint_config
+        from fastrl.envs import probe_env
         cfg = self.config
+        if env is None and not self._env_named:
+            checkpoint_config(self._state, f"checkpoint {self.path}")  # refuses a saved module:Name env
         if env is not None:
             cfg = dataclasses.replace(cfg, env=env_name(env))
-            shape, _, spec = _probe(cfg, "pass an env this agent can act in")
+            shape, _, spec = _probe(probe_env, cfg, "pass an env this agent can act in")
             if tuple(shape) != self.observation_shape or spec != self.action_spec:
                 raise UserError(f"env {cfg.env!r} has observations {tuple(shape)} and {spec.kind} actions, but this agent "
                                 f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "

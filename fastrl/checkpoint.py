@@ -240,16 +240,38 @@ def load_rng_state(state: dict, generator: torch.Generator) -> None:
     np.random.set_state((np_state[0], state["numpy"].numpy().astype(np.uint32), *np_state[2:]))
 
 
+def env_spaces(cfg: Config) -> dict | None:
+    """The ``spaces`` entry of a checkpoint of ``cfg``'s env: its observation and action spaces as plain data
+    (``fastrl.spaces.spaces_to_data``), so ``fastrl.load`` builds the policy and acts without the env; None where a
+    space has no such form."""
+    from fastrl.envs import probe_spaces
+    from fastrl.spaces import spaces_to_data
+    return spaces_to_data(*probe_spaces(cfg))
+
+
+def checkpoint_spaces(state: dict, where: str) -> tuple | None:
+    """``(observation_space, action_space)``, Gymnasium spaces, from a checkpoint's ``spaces`` entry; None for a
+    checkpoint without one (older ones, or an env whose spaces have no plain-data form)."""
+    from fastrl.spaces import space_from_data
+    entry = state.get("spaces")
+    if entry is None:
+        return None
+    try:
+        return space_from_data(entry["observation"]), space_from_data(entry["action"])
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{where} holds malformed spaces ({type(e).__name__}: {e}); it was not written by fastrl") from None
+
+
 def trainer_state(trainer, optimizer: dict, normalizer: dict, episode_stats: dict, generator: torch.Generator) -> dict:
     """A trainer's checkpoint: weights, optimizer (``torch.optim``'s state dict format, ``fastrl.optim``), counters,
-    config, normalizer, episode statistics and RNG states.
+    config, normalizer, episode statistics, RNG states and the env's spaces (``env_spaces``).
 
     ``trainer`` has ``agent``, ``global_step``, ``iteration``, ``lr_scale`` and ``cfg`` (every trainer of
     ``fastrl.loop`` does), so PPO, A2C, IMPALA and APPO checkpoints share one format."""
     return {"model": trainer.agent.state_dict(), "optimizer": optimizer,
             "global_step": trainer.global_step, "iteration": trainer.iteration, "lr_scale": trainer.lr_scale,
             "config": trainer.cfg.to_dict(), "normalizer": normalizer, "episode_stats": episode_stats,
-            "rng": rng_state(generator)}
+            "rng": rng_state(generator), "spaces": env_spaces(trainer.cfg)}
 
 
 def load_trainer_state(trainer, state: dict, generator: torch.Generator) -> None:

@@ -66,6 +66,7 @@ _PPO_TUNED = {"CartPole-v1": "ppo/cartpole", "Acrobot-v1": "ppo/acrobot", "Mount
               "MountainCarContinuous-v0": "ppo/mountaincar_continuous", "Pendulum-v1": "ppo/pendulum",
               "LunarLander-v2": "ppo/lunarlander", "LunarLanderContinuous-v2": "ppo/lunarlander_continuous",
               "BipedalWalker-v3": "ppo/bipedalwalker", "MiniGrid-Empty-5x5-v0": "ppo/minigrid",
+              "FrozenLake-v1": "ppo/frozenlake",
               "atari": "ppo/atari", "procgen": "ppo/procgen",
               **{f"{name}-v4": f"ppo/{name.lower()}" for name in ("HalfCheetah", "Hopper", "Walker2d", "Ant", "Swimmer",
                                                                  "Humanoid")}}

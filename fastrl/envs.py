@@ -39,70 +39,7 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError, brief
-
-
-@dataclass(frozen=True)
-class ActionSpec:
-    """``discrete``: actions are int64 ``[N]`` in ``[0, n)``; with ``nvec`` (MultiDiscrete, MultiBinary as all 2s),
-    int64 ``[N, len(nvec)]``, component i in ``[0, nvec[i])``, and ``n = sum(nvec)`` logits. ``continuous``: float32
-    ``[N, *shape]`` in ``[low, high]``."""
-    kind: str
-    n: int = 0
-    shape: tuple = ()
-    low: tuple = ()
-    high: tuple = ()
-    nvec: tuple = ()
-
-
-@dataclass(frozen=True)
-class ObservationPart:
-    """One entry of a Dict observation space as fastrl packs it: ``key``, its ``shape`` as stored (an image
-    ``[C, H, W]``, channels first; anything else flattened to ``[D]``), whether it is an ``image``, and whether
-    the env gives it channels-last (``hwc``); ``scale`` turns it into floats of order 1 (1/255 for uint8 images)."""
-    key: str
-    shape: tuple
-    image: bool
-    hwc: bool = False
-    scale: float = 1.0
-
-
-def _channels_last(shape: tuple) -> bool:
-    """A 3-D shape that reads as ``[H, W, C]``: at most 4 channels last, and fewer than the first side (so a
-    channels-first ``[3, 64, 64]`` or ``[4, 84, 84]`` stays as it is; a cube such as ``[3, 3, 3]`` too)."""
-    return len(shape) == 3 and shape[2] <= 4 and shape[2] < shape[0]
-
-
-def dict_layout(space) -> tuple[ObservationPart, ...]:
-    """The packing of a gymnasium Dict space: its entries in the space's key order; 3-D Boxes are images."""
-    parts = []
-    for key, sub in space.spaces.items():
-        shape = tuple(getattr(sub, "shape", None) or ())
-        if getattr(sub, "shape", None) is None or not hasattr(sub, "dtype"):
-            raise UserError(f"Dict observation entry {key!r} is {sub}; fastrl packs Box, Discrete-free array entries "
-                            "only: wrap the env to turn it into a Box")
-        if len(shape) == 3:
-            hwc = _channels_last(shape)
-            parts.append(ObservationPart(key, (shape[2], shape[0], shape[1]) if hwc else shape, True, hwc,
-                                         1 / 255 if np.dtype(sub.dtype) == np.uint8 else 1.0))
-        else:
-            parts.append(ObservationPart(key, (max(1, int(np.prod(shape))),), False))
-    return tuple(parts)
-
-
-def pack_observation(obs: dict, layout: tuple[ObservationPart, ...], batched: bool = True) -> torch.Tensor:
-    """A Dict observation (numpy arrays or tensors, ``[N, ...]`` per entry, or unbatched) as one float32 tensor
-    ``[N, D]`` (``[D]`` unbatched): each entry flattened (images channels first), concatenated in layout order."""
-    pieces = []
-    for part in layout:
-        value = obs[part.key]
-        value = value if torch.is_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))
-        if not batched:
-            value = value.unsqueeze(0)
-        if part.hwc:
-            value = value.movedim(-1, -3)
-        pieces.append(value.reshape(value.shape[0], -1).float())
-    packed = torch.cat(pieces, dim=1)
-    return packed if batched else packed[0]
+from fastrl.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
 
 
 @dataclass
@@ -484,43 +421,6 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     raise UserError(f"unknown env id {env_id!r} for {where}{hint}")
 
 
-def _action_spec(space) -> ActionSpec:
-    import gymnasium
-    if isinstance(space, gymnasium.spaces.Discrete):
-        return ActionSpec("discrete", n=int(space.n))
-    if isinstance(space, (gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary)):
-        binary = isinstance(space, gymnasium.spaces.MultiBinary)
-        nvec = np.full(space.shape, 2) if binary else np.asarray(space.nvec)
-        if nvec.ndim != 1 or (not binary and np.any(np.asarray(space.start) != 0)):
-            raise UserError(f"action space {type(space).__name__} of shape {space.shape} is not supported: fastrl "
-                            "handles 1-D MultiDiscrete (starting at 0) and MultiBinary actions; wrap the env to flatten "
-                            "them")
-        nvec = tuple(int(v) for v in nvec)
-        return ActionSpec("discrete", n=sum(nvec), shape=(len(nvec),), nvec=nvec)
-    if isinstance(space, gymnasium.spaces.Box):
-        return ActionSpec("continuous", shape=tuple(space.shape), low=tuple(np.asarray(space.low, np.float64).ravel().tolist()),
-                          high=tuple(np.asarray(space.high, np.float64).ravel().tolist()))
-    raise UserError(f"action space {str(space).splitlines()[0]} is not supported; fastrl handles Discrete, "
-                    "MultiDiscrete, MultiBinary and Box actions")
-
-
-@functools.lru_cache(maxsize=32)
-def _layout_of(env_id: str, backend: str, identity) -> tuple | None:
-    env = BatchedEnv(env_id, 1, 0, backend)
-    try:
-        return env.layout
-    finally:
-        env.close()
-
-
-def observation_layout(cfg, observation_shape: tuple) -> tuple | None:
-    """How ``cfg.env`` packs its Dict observations (``ObservationPart`` s), or None for array observations. Only a
-    Python (Gymnasium) env with flat observations can have one; one env is built to read its space (cached)."""
-    if len(observation_shape) != 1 or cfg.env_backend == "torch" or resolve_backend(cfg.env, cfg.env_backend) != "gymnasium":
-        return None
-    return _layout_of(cfg.env, cfg.env_backend, env_identity(cfg.env))
-
-
 class ObservationShapeError(ValueError):
     """A Python env returned an observation whose shape is not its observation space's (message: env, expected and
     received shape)."""
@@ -705,45 +605,17 @@ class BatchedEnv:
             self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
-        # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
-        # Any other Dict: every entry packed into one float32 vector (see pack_observation); the model unpacks it.
-        self._image_key, self.layout, self._hwc = None, None, False
-        spaces = getattr(obs_space, "spaces", None)
-        if isinstance(spaces, dict) and {"image", "mission"} <= set(spaces):
-            self._image_key = "image"
-            height, width, channels = obs_space.spaces["image"].shape
-            obs_space = obs_space.spaces["image"]
-        elif isinstance(spaces, dict):
-            try:
-                self.layout = dict_layout(obs_space)
-            except UserError:
-                self.close()
-                raise
-        if self.layout is None and getattr(obs_space, "shape", None) is None:
+        self.observation_space, self.action_space = obs_space, act_space  # one env's, as Gymnasium spaces
+        try:
+            form = observation_format(obs_space, env_id)
+        except UserError:
             self.close()
-            raise UserError(f"{env_id!r} has observation space {obs_space}; fastrl handles array (Box) observations, "
-                            "Dict observations of them and MiniGrid images: wrap the env to flatten its observations")
-        if self.layout is not None:
-            self.observation_shape = (sum(int(np.prod(part.shape)) for part in self.layout),)
-        elif self._image_key:
-            self.observation_shape = (channels, height, width)
-        else:  # an image with its channels last is handed out channels first, as the conv encoders take it
-            self._hwc = _channels_last(tuple(obs_space.shape))
-            shape = tuple(obs_space.shape)
-            self.observation_shape = (shape[2], shape[0], shape[1]) if self._hwc else shape
+            raise
+        self._image_key, self.layout, self._hwc = form.image_key, form.layout, form.hwc
+        self.observation_shape, self.observation_dtype, self.obs_scale = form.shape, form.dtype, form.scale
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
         self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
-        if self._image_key:
-            self.obs_scale = 0.1  # codes: objects < 11, colours < 6, states < 3
-        elif self.layout is not None:
-            self.obs_scale = 1.0  # the Dict model scales its uint8 image parts itself
-        elif obs_space.dtype == np.uint8:
-            self.obs_scale = 1.0 / 255.0
-        else:
-            self.obs_scale = 1.0
-        self.observation_dtype = torch.float32 if self.layout is not None or obs_space.dtype == np.float64 else \
-            torch.from_numpy(np.zeros(0, dtype=obs_space.dtype)).dtype
-        self.action_spec = _action_spec(act_space)
+        self.action_spec = action_spec_of(act_space)
         self._np_action_dtype = act_space.dtype if self.action_spec.nvec else None
         self.stats = EpisodeStats(n_envs)
         self._prev_done = np.zeros(n_envs, dtype=bool)
@@ -791,6 +663,8 @@ class BatchedEnv:
         if self._image_key is not None:
             return torch.from_numpy(obs[self._image_key]).permute(0, 3, 1, 2)  # a view; the buffer write copies
         tensor = _to_tensor(obs)
+        if tensor.dim() == 1:  # Discrete (or scalar Box) observations: [N] as [N, 1]
+            return tensor.unsqueeze(1)
         return tensor.permute(0, 3, 1, 2) if self._hwc else tensor
 
     def reset(self) -> torch.Tensor:
@@ -1017,15 +891,33 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
 def probe_env(cfg) -> tuple[tuple, torch.dtype, ActionSpec]:
     """Observation shape, observation dtype and action spec of ``cfg``'s env, from one env built and closed
     (cached per env settings)."""
+    return _probe(*_probe_key(cfg))[:3]
+
+
+def probe_spaces(cfg) -> tuple:
+    """``(observation_space, action_space)`` of one of ``cfg``'s envs, Gymnasium spaces (the probe's, cached)."""
+    return _probe(*_probe_key(cfg))[3]
+
+
+def observation_space_of(cfg, observation_shape: tuple):
+    """The observation space a model for ``cfg``'s env needs to know beyond its shape: that of an env with flat
+    observations (a packed Dict, Discrete or MultiDiscrete ones; see ``fastrl.spaces.observation_format``), else None
+    (one env is built to read it, cached)."""
+    if len(observation_shape) != 1 or cfg.env_backend == "torch":
+        return None
+    return probe_spaces(cfg)[0]
+
+
+def _probe_key(cfg) -> tuple:
     kwargs = atari_kwargs(cfg) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else {}
-    return _probe(cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env), cfg.time_feature)
+    return cfg.env, cfg.env_backend, tuple(sorted(kwargs.items())), env_identity(cfg.env), cfg.time_feature
 
 
 @functools.lru_cache(maxsize=32)
-def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None,
-           time_feature: bool = False) -> tuple[tuple, torch.dtype, ActionSpec]:
-    """``identity`` (the env's class, factory or Gymnasium entry point) keys the cache only: a redefined class or a
-    re-registered id under the same name is probed afresh."""
+def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None, time_feature: bool = False) -> tuple:
+    """``(observation shape, dtype, action spec, (observation space, action space))``. ``identity`` (the env's class,
+    factory or Gymnasium entry point) keys the cache only: a redefined class or a re-registered id under the same
+    name is probed afresh."""
     try:
         env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None,
                          time_feature=time_feature)
@@ -1033,6 +925,7 @@ def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None,
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
     try:
-        return tuple(env.observation_shape), env.observation_dtype, env.action_spec
+        return (tuple(env.observation_shape), env.observation_dtype, env.action_spec,
+                (env.observation_space, env.action_space))
     finally:
         env.close()

@@ -166,7 +166,7 @@ def _video_observation(obs, cfg, normalizer_state: dict | None) -> torch.Tensor:
     if isinstance(obs, dict) and "image" in obs:
         tensor = torch.from_numpy(np.asarray(obs["image"])).permute(2, 0, 1)
     else:
-        tensor = torch.from_numpy(np.asarray(obs))
+        tensor = torch.from_numpy(np.atleast_1d(obs))  # a Discrete observation: its integer, as [1]
         tensor = tensor.float() if tensor.dtype == torch.float64 else tensor
     tensor = tensor.unsqueeze(0)
     if cfg.normalize_obs and normalizer_state is not None:

@@ -120,7 +120,7 @@ class MembersMLPGradient:
         observation, action, old_logp, advantage, old_value, value_target, valid = minibatch
         views, transposed, rows = self._weights(params)
         k, b = observation.shape[:2]
-        x = observation.reshape(k, b, -1).float()
+        x = self.layout.agent.trunk_input(observation.reshape(k, b, -1))
         actor = self._forward(transposed, rows, self.actor, x)
         critic = actor if self.shared else self._forward(transposed, rows, self.critic, x)
         pw, pb = self.policy_head

@@ -144,19 +144,42 @@ def _head_width(spec: ActionSpec) -> int:
     return spec.n if spec.kind == "discrete" else math.prod(spec.shape)
 
 
+class OneHot(nn.Module):
+    """Integer observations ``[..., k]`` (component i takes ``sizes[i]`` values from ``starts[i]``) as float32 one-hot
+    ``[..., sum(sizes)]``; a value out of range encodes as zeros. Elementwise compares with constant buffers: no host
+    sync, and it runs under ``vmap`` and ``torch.compile``."""
+
+    def __init__(self, sizes: tuple, starts: tuple):
+        super().__init__()
+        widest = max(sizes)
+        self.register_buffer("starts", torch.tensor(starts, dtype=torch.int64), persistent=False)
+        self.register_buffer("values", torch.arange(widest), persistent=False)
+        columns = [i * widest + j for i, size in enumerate(sizes) for j in range(size)]
+        self.register_buffer("columns", torch.tensor(columns), persistent=False)  # each component's own values
+        self.width = len(columns)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hot = (x.long() - self.starts).unsqueeze(-1) == self.values  # [..., k, widest]
+        return hot.flatten(-2)[..., self.columns].float()
+
+
 class ActorCritic(nn.Module):
     """MLP actor-critic over flat observations, with a shared trunk or separate policy/value trunks (``pi_sizes`` /
     ``vf_sizes``: their widths, each defaulting to ``hidden_sizes``).
 
     Continuous actions: a Gaussian with a state-independent ``log_std [A]``, or with ``use_sde`` gSDE
     (``gsde_distribution``): ``log_std [L, A]`` over the policy trunk's last hidden layer (``L`` units), and the
-    sampling noise ``[B, L * A]`` (``noise_width``) holds each env's exploration weights."""
+    sampling noise ``[B, L * A]`` (``noise_width``) holds each env's exploration weights.
+
+    ``one_hot`` (``fastrl.spaces.one_hot_sizes``): the observations are Discrete or MultiDiscrete integers, one-hot
+    encoded before the trunks (``OneHot``)."""
 
     def __init__(self, obs_shape: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
                  shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=(),
-                 use_sde: bool = False):
+                 use_sde: bool = False, one_hot: tuple | None = None):
         super().__init__()
-        in_dim = math.prod(obs_shape)
+        self.one_hot = OneHot(*one_hot) if one_hot else None
+        in_dim = self.one_hot.width if one_hot else math.prod(obs_shape)
         self.action_spec = action_spec
         self.discrete = action_spec.kind == "discrete"
         out_dim = _head_width(action_spec)
@@ -179,14 +202,18 @@ class ActorCritic(nn.Module):
         """Columns of the sampling noise ``get_action_and_value`` takes: ``L * A`` under gSDE, else the head's."""
         return self.log_std.numel() if self.use_sde else _head_width(self.action_spec)
 
+    def trunk_input(self, flat_obs: torch.Tensor) -> torch.Tensor:
+        """Flattened observations ``[..., D]`` as the trunks take them: float32 ``[..., in_dim]``."""
+        return flat_obs.float() if self.one_hot is None else self.one_hot(flat_obs)
+
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = obs.flatten(1).float()
+        x = self.trunk_input(obs.flatten(1))
         actor = run_mlp(self.actor_trunk, x)
         critic = actor if self.shared_trunk else run_mlp(self.critic_trunk, x)
         return actor, critic
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.flatten(1).float()
+        x = self.trunk_input(obs.flatten(1))
         return run_mlp(self.value_head, run_mlp(self.critic_trunk, x)).squeeze(-1).float()
 
     def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
@@ -371,9 +398,10 @@ class PixelActorCritic(SharedFeatureHeads):
 
 
 class DictActorCritic(SharedFeatureHeads):
-    """Dict observations, packed by the env into one float32 vector ``[B, D]`` (see ``fastrl.envs.pack_observation``):
+    """Dict observations, packed by the env into one float32 vector ``[B, D]`` (see ``fastrl.spaces.pack_observation``):
     each image entry through its own conv encoder (chosen by its size, as ``encoder: auto`` chooses; scaled by its
-    ``scale``, 1/255 for uint8), the vector entries together through an MLP trunk, the features concatenated and shared by
+    ``scale``, 1/255 for uint8), the vector entries (Discrete ones one-hot encoded) together through an MLP trunk, the
+    features concatenated and shared by
     the policy and value heads. Same API as ``ActorCritic``."""
 
     def __init__(self, layout: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
@@ -384,7 +412,9 @@ class DictActorCritic(SharedFeatureHeads):
         self.sizes = [math.prod(part.shape) for part in layout]
         self.images = nn.ModuleDict({part.key: ENCODERS[resolve_encoder("auto", part.shape)](part.shape)
                                      for part in layout if part.image})
-        vector_dim = sum(size for size, part in zip(self.sizes, layout) if not part.image)
+        self.one_hots = nn.ModuleDict({part.key: OneHot(*part.one_hot) for part in layout if part.one_hot})
+        vector_dim = sum(self.one_hots[part.key].width if part.one_hot else size
+                         for size, part in zip(self.sizes, layout) if not part.image)
         self.vector_trunk = mlp(vector_dim, list(hidden_sizes), activation) if vector_dim else None
         width = sum(encoder.out_dim for encoder in self.images.values()) + (hidden_sizes[-1] if vector_dim else 0)
         self.policy_head = orthogonal_init(nn.Linear(width, _head_width(action_spec)), gain=0.01)
@@ -399,7 +429,7 @@ class DictActorCritic(SharedFeatureHeads):
                 image = chunk.view(-1, *part.shape) * part.scale
                 pieces.append(self.images[part.key](image))
             else:
-                vectors.append(chunk)
+                vectors.append(self.one_hots[part.key](chunk) if part.one_hot else chunk)
         if vectors:
             pieces.append(self.vector_trunk(torch.cat(vectors, dim=1)))
         return torch.cat(pieces, dim=1)
@@ -425,16 +455,17 @@ def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
 
 
 def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
-               channels_last: bool = False) -> nn.Module:
+               channels_last: bool = False, observation_space=None) -> nn.Module:
     """The actor-critic ``cfg.policy`` names (a custom class), else the one ``cfg.encoder`` asks for (a Dict env's:
-    ``DictActorCritic``). ``obs_scale`` None: 1/255 for image observations."""
+    ``DictActorCritic``; Discrete observations: one-hot encoded). ``obs_scale`` None: 1/255 for image observations.
+    ``observation_space``: one env's Gymnasium space (None: read from ``cfg``'s env where the shape needs it)."""
     if getattr(cfg, "policy", ""):
         if getattr(cfg, "use_sde", False):
             from fastrl.config import UserError
             raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
                             "use_sde, or give your class its own exploration")
         return custom_policy(cfg, obs_shape, action_spec)
-    agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last)
+    agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last, observation_space)
     if not getattr(cfg, "ortho_init", True):
         default_init_(agent)
     return agent
@@ -450,9 +481,13 @@ def default_init_(agent: nn.Module) -> nn.Module:
 
 
 def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None,
-                 channels_last: bool) -> nn.Module:
-    from fastrl.envs import observation_layout
-    layout = observation_layout(cfg, tuple(obs_shape)) if hasattr(cfg, "env_backend") else None
+                 channels_last: bool, observation_space) -> nn.Module:
+    from fastrl.envs import observation_space_of
+    from fastrl.spaces import observation_format
+    if observation_space is None and hasattr(cfg, "env_backend"):
+        observation_space = observation_space_of(cfg, tuple(obs_shape))
+    form = None if observation_space is None else observation_format(observation_space, getattr(cfg, "env", ""))
+    layout, one_hot = (form.layout, form.one_hot) if form is not None else (None, None)
     encoder = "dict" if layout is not None else resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape),
                                                                   getattr(cfg, "env", ""))
     use_sde = getattr(cfg, "use_sde", False)
@@ -464,6 +499,6 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
         return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
     if encoder == "mlp":
         return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std,
-                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde)
+                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde, one_hot)
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
                             cfg.init_log_std, channels_last)

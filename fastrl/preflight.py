@@ -170,9 +170,6 @@ def check_model(cfg: Config, observation_shape: tuple, observation_dtype: torch.
     """The encoder ``cfg`` asks for must take the env's observations; normalize_obs needs float ones."""
     from fastrl.models import resolve_encoder
     shape = tuple(observation_shape)
-    if not shape:
-        raise UserError(f"{cfg.env} has scalar (Discrete) observations; fastrl's models take array (Box) "
-                        "observations: pick an env that has them")
     dtype_name = str(observation_dtype).removeprefix("torch.")
     if cfg.normalize_obs and not observation_dtype.is_floating_point:
         raise UserError(f"normalize_obs needs float observations, and {cfg.env} gives {dtype_name} ones (stored as "

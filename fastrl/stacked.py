@@ -136,7 +136,7 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
     """``ActorCritic.get_action_and_value`` / ``get_value`` of K members at once (``views``: each parameter
     ``[K, *shape]``; ``obs [K, B, ...]``): the same ops as the module's, with batched matmuls."""
     agent = layout.agent
-    x = obs.flatten(2).float()
+    x = agent.trunk_input(obs.flatten(2))
     critic = _members_sequential(layout, views, agent.critic_trunk, x)
     value = _members_linear(layout, views, agent.value_head, critic).squeeze(-1).float()
     if method == "get_value":

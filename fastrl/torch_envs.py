@@ -124,6 +124,11 @@ class TorchEnv:
         self.device = torch.device(device)
         self.observation_shape, self.observation_dtype, self.obs_scale = spec.observation_shape, torch.float32, 1.0
         self.action_spec = spec.action_spec
+        import gymnasium  # the spaces Gymnasium declares, bounds loosened to the real line
+        self.observation_space = gymnasium.spaces.Box(-float("inf"), float("inf"), spec.observation_shape, "float32")
+        actions = spec.action_spec
+        self.action_space = (gymnasium.spaces.Discrete(actions.n) if actions.kind == "discrete" else
+                             gymnasium.spaces.Box(actions.low[0], actions.high[0], actions.shape, "float32"))
         self.stats = EpisodeStats(n_envs)
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.

@@ -105,8 +105,8 @@ def resolve_config(overrides: dict, yaml_path: str | None = None,
 def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str | None, dict, str]:
     """What lies under the user's flags, as ``(yaml_path, values, origin)``: a ``--config`` file as given; else the
     tuned config of the env (``TUNED_CONFIGS``) when one ships; else, for PPO on an env other than the embedded
-    default's, the general default of its action kind (``GENERAL_DEFAULTS``); else the algorithm's defaults.
-    ``origin`` says which, for the run's first line."""
+    default's, the general default of its action kind (``GENERAL_DEFAULTS``; no observation normalization where the
+    observations are not floats); else the algorithm's defaults. ``origin`` says which, for the run's first line."""
     from fastrl.config import FIELDS, GENERAL_DEFAULTS, TUNED_CONFIGS
     if yaml_path:
         return yaml_path, {}, f"config {yaml_path}"
@@ -126,9 +126,11 @@ def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str 
     from fastrl.envs import probe_env
     # Only what the env is built from: the flags' other values are checked once, against the default they choose.
     env_keys = ("env", "env_backend", "frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_atari_reward")
-    _, _, action_spec = probe_env(make_config({k: v for k, v in given.items() if k in env_keys}, where=where))
+    _, dtype, action_spec = probe_env(make_config({k: v for k, v in given.items() if k in env_keys}, where=where))
     kind = action_spec.kind  # discrete (MultiDiscrete and MultiBinary included) or continuous
     under = {**GENERAL_DEFAULTS[kind], **_same_minibatch(GENERAL_DEFAULTS[kind], given)}
+    if not dtype.is_floating_point:  # uint8 frames, Discrete observations: scaled or one-hot encoded in the model
+        under["normalize_obs"] = False
     return None, under, f"the general PPO default for {kind} actions (CleanRL's settings; no tuned config ships for {env})"
 
 

@@ -52,7 +52,7 @@ from fastrl.seeding import env_seed, member_generator, seed_process
 from fastrl.stacked import FlatLayout, MemberPolicy
 from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
                            hand_gradient_applies, initial_opt_state, minibatch_index)
-from fastrl.checkpoint import load_rng_state, rng_state
+from fastrl.checkpoint import env_spaces, load_rng_state, rng_state
 
 def rank_n_envs(cfg: Config, world_size: int) -> int:
     """Envs of each member on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
@@ -496,7 +496,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
     def member_state(self, m: int) -> dict:
         """Member m's checkpoint: weights, optimizer (torch.optim's format), counters, config, normalizer, episode
-        statistics and RNG states. A single run's checkpoint is its one member's."""
+        statistics, RNG states and the env's spaces. A single run's checkpoint is its one member's."""
         member = self.members[m]
         constants = dict(self.spec.constants)
         state = {key: value[m] for key, value in self.opt_state.items()}
@@ -507,7 +507,7 @@ class Trainer:
         out = {"model": copy.deepcopy(self.member_agent(m).state_dict()), "optimizer": optimizer,
                "global_step": self.global_step // self.n_members, "iteration": self.iteration,
                "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.normalizer_state(m),
-               "episode_stats": self.member_stats(m).state_dict(), "rng": rng}
+               "episode_stats": self.member_stats(m).state_dict(), "rng": rng, "spaces": env_spaces(member)}
         if "loss_scale" in self.opt_state:
             out["loss_scale"] = {"loss_scale": self.opt_state["loss_scale"][m].clone(),
                                  "good_steps": self.opt_state["good_steps"][m].clone()}

@@ -5,6 +5,11 @@ policy. Each shows a target each step and pays for naming it; an episode is 8 st
 - ``MultiMatch``: two one-hot targets (4 values each); MultiDiscrete([4, 4]) actions; 0.5 per component named.
 - ``BitsMatch``: 3 random bits; MultiBinary(3) actions; 1/3 per bit copied.
 - ``DictMatch``: Dict(cue: one-hot of 4 [4], frame: uint8 [1, 6, 6] noise); Discrete(4) actions.
+- ``CodeMatch``: the target as a MultiDiscrete([4, 3], start=[1, 0]) observation ``(target + 1, noise)``;
+  Discrete(4) actions.
+- ``DictCodeMatch``: Dict(cue: Discrete(4, start=2) holding target + 2, noise: Box [2]); Discrete(4) actions.
+- ``PixelSteer``: a channels-last uint8 image ``[48, 48, 3]`` whose brightness is the target in [-1, 1]; Box(-1, 1,
+  (1,)) actions, paid ``1 - |action - target|``.
 - ``TinyPolicy``: an ``nn.Module`` actor-critic of the documented interface (one linear layer each head).
 """
 import math
@@ -96,6 +101,42 @@ class DictMatch(_Match):
 
     def _reward(self, action):
         return float(int(action) == self.target)
+
+
+class CodeMatch(_Match):
+    observation_space = gymnasium.spaces.MultiDiscrete([4, 3], start=[1, 0])
+    action_space = gymnasium.spaces.Discrete(4)
+
+    def _draw(self):
+        self.target = int(self.np_random.integers(4))
+
+    def _observation(self):
+        return np.array([self.target + 1, self.np_random.integers(3)])
+
+    def _reward(self, action):
+        return float(int(action) == self.target)
+
+
+class DictCodeMatch(CodeMatch):
+    observation_space = gymnasium.spaces.Dict({"cue": gymnasium.spaces.Discrete(4, start=2),
+                                               "noise": gymnasium.spaces.Box(-1.0, 1.0, (2,), np.float32)})
+
+    def _observation(self):
+        return {"cue": self.target + 2, "noise": self.np_random.uniform(-1, 1, 2).astype(np.float32)}
+
+
+class PixelSteer(_Match):
+    observation_space = gymnasium.spaces.Box(0, 255, (48, 48, 3), np.uint8)
+    action_space = gymnasium.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def _draw(self):
+        self.target = float(self.np_random.uniform(-1, 1))
+
+    def _observation(self):
+        return np.full((48, 48, 3), round((self.target + 1) * 127.5), np.uint8)
+
+    def _reward(self, action):
+        return 1.0 - abs(float(action[0]) - self.target)
 
 
 class TinyPolicy(nn.Module):

@@ -269,15 +269,15 @@ def test_unsupported_spaces_are_user_errors():
     import gymnasium
     import pytest
     from fastrl.config import UserError
-    from fastrl.envs import BatchedEnv, _action_spec
+    from fastrl.envs import BatchedEnv, action_spec_of
     with pytest.raises(UserError, match="action space .* is not supported"):
-        _action_spec(gymnasium.spaces.MultiDiscrete([[2, 3], [2, 2]]))  # 2-D: flatten it first
+        action_spec_of(gymnasium.spaces.MultiDiscrete([[2, 3], [2, 2]]))  # 2-D: flatten it first
     with pytest.raises(UserError, match="action space .* is not supported"):
-        _action_spec(gymnasium.spaces.MultiDiscrete([2, 3], start=[1, 0]))
+        action_spec_of(gymnasium.spaces.MultiDiscrete([2, 3], start=[1, 0]))
     with pytest.raises(UserError, match="action space .* is not supported"):
-        _action_spec(gymnasium.spaces.Text(5))
-    assert _action_spec(gymnasium.spaces.MultiDiscrete([2, 3])).nvec == (2, 3)
-    assert _action_spec(gymnasium.spaces.MultiBinary(4)).nvec == (2, 2, 2, 2)
+        action_spec_of(gymnasium.spaces.Text(5))
+    assert action_spec_of(gymnasium.spaces.MultiDiscrete([2, 3])).nvec == (2, 3)
+    assert action_spec_of(gymnasium.spaces.MultiBinary(4)).nvec == (2, 2, 2, 2)
     # Gymnasium's Blackjack observes a Tuple: refused with a one-line error, not a crash.
     with pytest.raises(UserError, match="observation space Tuple"):
         BatchedEnv("Blackjack-v1", 2, seed=0, backend="gymnasium")

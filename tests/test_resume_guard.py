@@ -104,20 +104,21 @@ PROBE = textwrap.dedent("""
     run = sys.argv[1]
     print("eval", cli(["eval", run, "--episodes", "1", "--seeds", "1"]))
     print("resume", train(["--resume", run, "--total-steps", "512", "--wandb", "disabled", "--progress", "false"]))
+    agent = fastrl.load(run)  # acting needs only the spaces the checkpoint carries
+    print("load", agent.predict([0.0, 0.0, 0.0, 0.0])[0] in (0, 1))
     try:
-        fastrl.load(run)
-        print("load ran")
+        agent.evaluate(episodes=1)  # stepping the env needs it named
     except fastrl.UserError as e:
-        print("load refused", e, file=sys.stderr)
+        print("evaluate refused", e, file=sys.stderr)
     print("imported", "fastrl_fault_envs" in sys.modules)
-    fastrl.load(run, env="fastrl_fault_envs:touch_marker")  # named by the user: now it may run
+    fastrl.load(run, env="fastrl_fault_envs:touch_marker").evaluate(episodes=1)  # named by the user: now it may run
 """)
 
 
 def test_a_checkpoint_never_makes_fastrl_import_or_call_code(run_copy, tmp_path):
-    """A tampered checkpoint names ``fastrl_fault_envs:touch_marker`` as its env: fastrl eval, --resume and
-    fastrl.load each refuse with one line saying how to pass the env, and neither import nor call it; passing the
-    env explicitly is what makes it run."""
+    """A tampered checkpoint names ``fastrl_fault_envs:touch_marker`` as its env: fastrl eval, --resume and the
+    loaded agent's evaluate each refuse with one line saying how to pass the env, and neither import nor call it
+    (fastrl.load acts from the spaces the checkpoint carries); passing the env explicitly is what makes it run."""
     for ckpt in list_checkpoints(run_copy / "checkpoints"):
         state = torch.load(ckpt, weights_only=True)
         state["config"]["env"] = "fastrl_fault_envs:touch_marker"
@@ -129,7 +130,7 @@ def test_a_checkpoint_never_makes_fastrl_import_or_call_code(run_copy, tmp_path)
     done = subprocess.run([sys.executable, "-c", PROBE, str(run_copy)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["eval", "2", "resume", "2", "imported", "False"], done.stdout
+    assert done.stdout.split() == ["eval", "2", "resume", "2", "load", "True", "imported", "False"], done.stdout
     errors = [line for line in done.stderr.splitlines() if "error" in line or "refused" in line]
     assert len(errors) == 3 and all("--env fastrl_fault_envs:touch_marker" in line for line in errors), errors
     assert marker.read_text() == "called\n" * marker.read_text().count("called"), "only the explicit env= call ran it"

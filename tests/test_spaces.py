@@ -1,16 +1,23 @@
 """The spaces an SB3 user brings, each trained briefly on a tiny env built for it (tests/fastrl_space_envs.py):
 channels-last images (transposed, an encoder chosen by size), MultiDiscrete and MultiBinary actions, Dict
-observations, separate policy/value widths and a custom nn.Module policy (a user's VectorEnv: tests/test_vector_env.py)."""
+observations, Discrete and MultiDiscrete observations (one-hot encoded; Gymnasium's and EnvPool's toy-text tasks),
+spaces as plain data, the defaults for image envs, separate policy/value widths and a custom nn.Module policy (a
+user's VectorEnv: tests/test_vector_env.py)."""
+import json
+
+import gymnasium
 import numpy as np
 import pytest
 import torch
 
 import fastrl
-from conftest import one_line_error
+from conftest import median_of_seeds, one_line_error
 from fastrl.config import make_config
 from fastrl.envs import make_env
-from fastrl.models import DictActorCritic, PixelActorCritic, SmallCNN, resolve_encoder
-from fastrl_space_envs import BitsMatch, DictMatch, MultiMatch, PixelMatch, PixelMatchSmall, TinyPolicy
+from fastrl.models import ActorCritic, DictActorCritic, NatureCNN, OneHot, PixelActorCritic, SmallCNN, resolve_encoder
+from fastrl.spaces import space_from_data, space_to_data, spaces_to_data
+from fastrl_space_envs import (BitsMatch, CodeMatch, DictCodeMatch, DictMatch, MultiMatch, PixelMatch, PixelMatchSmall,
+                               PixelSteer, TinyPolicy)
 
 QUIET = dict(progress=False, wandb="disabled", tensorboard=False, plot=False, quiet=True)
 # 8 iterations of 4 envs x 32 steps; evaluation: 4 episodes of 8 steps.
@@ -87,3 +94,93 @@ def test_a_custom_policy_module_trains_and_reloads(tmp_path):
     local = type("Local", (TinyPolicy,), {})
     local.__qualname__ = "f.<locals>.Local"
     assert "module-level" in one_line_error(fastrl.train, env=MatchTarget, policy=local, **QUIET)
+
+
+S = gymnasium.spaces
+ROUND_TRIP = [S.Box(-1.0, 1.0, (3,), np.float32), S.Box(np.array([0.0, -np.inf]), np.array([1.0, np.inf]), dtype=np.float64),
+              S.Box(0, 255, (6, 5, 3), np.uint8), S.Box(np.arange(4).reshape(2, 2), 9, (2, 2), np.int32),
+              S.Discrete(5, start=-2), S.MultiDiscrete([[2, 3], [4, 5]], start=[[0, 1], [2, 3]]), S.MultiBinary([2, 3]),
+              S.Text(8, min_length=2, charset="abc"),
+              S.Dict({"image": S.Box(0, 255, (7, 7, 3), np.uint8), "mission": S.Text(10), "direction": S.Discrete(4)}),
+              S.Tuple([S.Discrete(32), S.Discrete(11), S.MultiBinary(1)])]
+
+
+@pytest.mark.parametrize("space", ROUND_TRIP, ids=lambda space: type(space).__name__)
+def test_spaces_round_trip_as_plain_data(space):
+    data = space_to_data(space)
+    assert json.loads(json.dumps(data)) == data  # plain data: dicts, lists, strings and numbers
+    assert space_from_data(data) == space and space_from_data(data).dtype == space.dtype
+    assert spaces_to_data(S.Sequence(S.Discrete(2)), space) is None  # a space with no such form: no spaces saved
+
+
+def test_one_hot_encodes_each_component_from_its_start():
+    one_hot = OneHot((3, 2), (1, 0))
+    x = torch.tensor([[1, 0], [3, 1], [4, 1], [0, 0]])  # 4 and 0 lie outside the first component's 1..3
+    expected = torch.tensor([[1, 0, 0, 1, 0], [0, 0, 1, 0, 1], [0, 0, 0, 0, 1], [0, 0, 0, 1, 0]], dtype=torch.float32)
+    assert one_hot.width == 5 and torch.equal(one_hot(x), expected)
+    assert torch.equal(torch.func.vmap(one_hot)(x.view(2, 2, 2)), expected.view(2, 2, 5))  # as K members call it
+    assert list(one_hot.state_dict()) == []  # nothing new in a checkpoint
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_discrete_observations_are_stored_as_integers(backend):
+    env = make_env(make_config({"env": "FrozenLake-v1", "env_backend": backend, "n_envs": 2}))
+    obs = env.reset()
+    step = env.step(torch.zeros(2, dtype=torch.int64))
+    env.close()
+    assert env.observation_shape == (1,) and env.observation_dtype == torch.int64
+    assert obs.shape == step.observation.shape == (2, 1) and not obs.dtype.is_floating_point and obs.eq(0).all()
+
+
+# Gymnasium 1.x retired Taxi-v3 and CliffWalking-v0 for v4 and v1; EnvPool still has them (and FrozenLake-v1).
+@pytest.mark.parametrize("env, backend, states, actions", [
+    ("FrozenLake-v1", "gymnasium", 16, 4), ("FrozenLake-v1", "envpool", 16, 4), ("Taxi-v3", "envpool", 500, 6),
+    ("CliffWalking-v0", "envpool", 48, 4), ("Taxi-v4", "gymnasium", 500, 6), ("CliffWalking-v1", "gymnasium", 48, 4)])
+def test_toy_text_tasks_train_and_act(env, backend, states, actions, tmp_path):
+    run = _train(env, tmp_path, env_backend=backend, total_steps=256, eval_episodes=0)
+    agent = run.agent
+    assert isinstance(agent.policy, ActorCritic) and agent.policy.one_hot.width == states
+    assert agent.observation_space == gymnasium.spaces.Discrete(states)
+    chosen = agent.predict(np.arange(states))[0]
+    assert chosen.shape == (states,) and chosen.min() >= 0 and chosen.max() < actions
+    assert agent.predict(states - 1)[0] == chosen[-1]
+
+
+def test_discrete_entries_and_multidiscrete_observations_act_as_the_env_gives_them(tmp_path):
+    agent = _train(CodeMatch, tmp_path / "code", total_steps=256, eval_episodes=0).agent
+    assert isinstance(agent.policy, ActorCritic) and agent.policy.one_hot.width == 4 + 3
+    assert agent.predict(np.array([1, 2]))[0].shape == () and agent.predict(np.array([[1, 2], [4, 0]]))[0].shape == (2,)
+    agent = _train(DictCodeMatch, tmp_path / "dict", total_steps=256, eval_episodes=0).agent
+    assert isinstance(agent.policy, DictActorCritic) and list(agent.policy.one_hots) == ["cue"]
+    assert agent.policy.vector_trunk[0].in_features == 4 + 2
+    obs = DictCodeMatch.observation_space.sample()
+    assert agent.predict(obs)[0].shape == () and agent.predict({k: np.stack([v] * 3) for k, v in obs.items()})[0].shape == (3,)
+
+
+@pytest.mark.learning
+@pytest.mark.parametrize("env", [CodeMatch, DictCodeMatch])
+def test_discrete_observations_learn(env, tmp_path):
+    """The target is only in the Discrete (entry's) value: one-hot encoded, 3072 steps learn it (random: 2 of 8)."""
+    median, returns = median_of_seeds(lambda seed: _train(env, tmp_path / str(seed), seed=seed, total_steps=3072,
+                                                          lr=3e-3).summary["eval_return_mean"])
+    assert median >= 6.0, returns
+
+
+def test_an_image_env_without_a_tuned_config_gets_a_cnn_and_raw_frames(tmp_path):
+    """Continuous actions bring the general default's observation normalization, which uint8 frames cannot take:
+    they are stored as they are and scaled inside the CNN."""
+    run = fastrl.train(env=PixelSteer, run_dir=tmp_path / "run", total_steps=256, n_envs=2, n_steps=64,
+                       eval_episodes=0, **QUIET)
+    cfg = run.agent.config
+    assert not cfg.normalize_obs and cfg.normalize_reward and cfg.n_epochs == 10  # the continuous default otherwise
+    assert isinstance(run.agent.policy, PixelActorCritic) and isinstance(run.agent.policy.encoder, NatureCNN)
+    assert run.agent.observation_dtype == torch.uint8
+
+
+def test_frozenlake_trains_with_the_general_discrete_default_over_300k_steps():
+    from fastrl.config import GENERAL_DEFAULTS
+    from fastrl.train import resolve_config
+    cfg, _ = resolve_config({"env": "FrozenLake-v1"})
+    assert "ppo/frozenlake" in cfg.origin and cfg.total_steps == 300_000 and not cfg.normalize_obs
+    assert {key: getattr(cfg, key) for key in GENERAL_DEFAULTS["discrete"] if key != "total_steps"} == {
+        key: value for key, value in GENERAL_DEFAULTS["discrete"].items() if key != "total_steps"}
