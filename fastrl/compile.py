@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from fastrl.signals import stop_requested
+
 # From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
 # about 2.8 ms of a 3.7 ms eager step at minibatch 64 (2.6 of 3.9 at 256) and compiles in about 46 s with a cold
 # inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
@@ -182,8 +184,10 @@ class CompiledOrEager:
             out = self._invoke(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it eagerly",
-                          RuntimeWarning, stacklevel=2)
+            # A Ctrl-C to the process group also stops inductor's compile workers: an interruption, not a failure.
+            if not stop_requested():
+                warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it "
+                              "eagerly", RuntimeWarning, stacklevel=2)
             self.fn, self.compiled = self.eager, False
             out = self.fn(*args, **kwargs)
         self._checked = True

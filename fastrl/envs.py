@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
+from fastrl.env_workers import EnvCodeError, EnvError, ObservationShapeError, watched_vector_env
 
 
 @dataclass(frozen=True)
@@ -532,53 +533,6 @@ def observation_layout(cfg, observation_shape: tuple) -> tuple | None:
     return _layout_of(cfg.env, cfg.env_backend, env_identity(cfg.env))
 
 
-class ObservationShapeError(ValueError):
-    """A Python env returned an observation whose shape is not its observation space's (message: env, expected and
-    received shape)."""
-
-
-class EnvCodeError(RuntimeError):
-    """What a Python env raised, carried out of a vector env's worker process: ``kind`` (the exception's type name),
-    ``message`` (its first line) and ``trace`` (its traceback through the env's own code, formatted where it was
-    raised). Gymnasium's AsyncVectorEnv re-raises a worker's exception as ``type(e)(e)``, so building one from
-    another copies it."""
-
-    def __init__(self, message="", kind: str = "", trace: str = ""):
-        if isinstance(message, EnvCodeError):
-            message, kind, trace = message.message, message.kind, message.trace
-        super().__init__(message)
-        self.message, self.kind, self.trace = str(message), kind, trace
-
-    @classmethod
-    def from_exception(cls, error: BaseException) -> EnvCodeError:
-        import os
-        import traceback
-        import gymnasium
-        skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(__file__))
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
-        trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
-        first = (str(error).strip().splitlines() or ["?"])[0]
-        return cls(first, type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
-
-
-class EnvError(UserError):
-    """The user's env raised ``error`` inside ``call`` (``reset`` or ``step``). The run loop stops the run as a stop
-    signal would (final checkpoint, summary.json's ``stopped_by_error``); the command line then shows the env's own
-    traceback (``trace``) and this one line."""
-
-    def __init__(self, env_id: str, error: BaseException, call: str):
-        self.env_id, self.error, self.call = env_id, error, call
-        self.trace = getattr(error, "trace", "")
-        if isinstance(error, ObservationShapeError):
-            message = str(error)
-        else:
-            kind = getattr(error, "kind", "") or type(error).__name__
-            first = (str(error).strip().splitlines() or ["?"])[0]
-            message = (f"env {env_id!r} raised {kind} in {call}(): {first}; fix the env (its traceback is above), "
-                       "then continue the run with --resume")
-        super().__init__(message)
-
-
 @functools.lru_cache(maxsize=1)
 def _env_guard():
     import gymnasium
@@ -642,18 +596,19 @@ class BatchedEnv:
     ``backend="torch"`` builds a ``fastrl.torch_envs.TorchCartPoleEnv`` (same interface, tensors all the way)."""
 
     def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
+                env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.torch_envs import TorchCartPoleEnv
             return TorchCartPoleEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
+                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         """``n_members``: the envs are that many members' equal blocks (env i is seeded ``seed + i`` either way).
         ``time_feature``: each observation ``[D]`` gets a last entry ``1 - t / max_episode_steps`` (``[D + 1]``),
         ``t`` the steps taken in its episode (0 on the first observation, so 1.0 there and 0.0 on the observation a
-        time limit cuts at): the RL Zoo's TimeFeatureWrapper, which lets the value tell how much time is left."""
+        time limit cuts at): the RL Zoo's TimeFeatureWrapper, which lets the value tell how much time is left.
+        ``timeout_s``: the deadline of each call of a Gymnasium env (``fastrl.env_workers``)."""
         self.env_id, self.n_envs = env_id, n_envs
         self.backend = resolve_backend(env_id, backend)
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
@@ -695,8 +650,8 @@ class BatchedEnv:
             # command line); Gymnasium would also warn it line by line, through our guard's frames.
             warnings.filterwarnings("ignore", message=".*ERROR: (Received the following error|Traceback|Raising the last)",
                                     module=r"gymnasium\.vector\.async_vector_env")
-            vector_env = gymnasium.vector.SyncVectorEnv if in_process else gymnasium.vector.AsyncVectorEnv
-            self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
+            self._env = watched_vector_env(fns, in_process, timeout_s,
+                                           autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
         # MiniGrid: Dict(direction, image HWC, mission); the egocentric image is the observation, channels first.
@@ -1001,7 +956,7 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
     n_envs = n_envs or cfg.n_envs
     k = len(members) if members else 1
     env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
-                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature)
+                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature, timeout_s=cfg.env_timeout_s)
     if k > 1:
         env.stats = MemberEpisodeStats(k, n_envs // k)
     gammas = [m.gamma for m in members] if k > 1 else cfg.gamma

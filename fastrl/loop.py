@@ -38,7 +38,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -52,6 +51,7 @@ from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.rundir import restart_count, write_config
+from fastrl.signals import StopWhileWaiting, install_stop_handlers, restore_handlers, stop_ends_env_waits
 
 
 def process_seconds() -> float | None:
@@ -62,18 +62,6 @@ def process_seconds() -> float | None:
         return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def install_stop_handlers(flag: dict) -> dict:
-    """SIGINT/SIGTERM set ``flag["stop"]``: the run ends after the current iteration. Returns the previous handlers."""
-    def handler(signum, _frame):
-        flag["stop"] = signum
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # Python sets handlers only in the main thread (e.g. fastrl.train called from a worker thread)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, handler)
-    return previous
 
 
 class TrainerDefaults:
@@ -183,8 +171,9 @@ def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | No
         print(f"fastrl: {label}: {members}{describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr,
               flush=True)
     try:
-        return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
-    except EvaluationStopped:
+        with stop_ends_env_waits():
+            return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
+    except (EvaluationStopped, StopWhileWaiting):
         print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
               flush=True)
         return None
@@ -251,10 +240,13 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     try:
         while not trainer.finished() and stop["stop"] is None:
             try:
-                if not trainer.collect():
-                    break
+                with stop_ends_env_waits():
+                    if not trainer.collect():
+                        break
             except EnvError as e:
                 env_error = e
+                break
+            except StopWhileWaiting:  # a stop signal ended a wait on the env: the iteration in progress is dropped
                 break
             metrics = trainer.update()
             if trainer.iteration % cfg.log_interval == 0 or trainer.finished():
@@ -339,6 +331,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             if cfg.eval_episodes and stop["stop"] is None and env_error is None:
                 member_eval = final_evaluation(trainer, normalizers, lambda: stop["stop"] is not None)
                 summary["stopped_by_signal"] = stop["stop"] is not None
+                summary["stop_signal"] = signal.Signals(stop["stop"]).name if stop["stop"] else None
             if member_eval:
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
@@ -369,7 +362,6 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             raise env_error
         return summary
     finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous_handlers)
         logger.close()
         trainer.close()
