@@ -277,7 +277,7 @@ def run_as_process(main_function, *args) -> int:
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(status)
     return status
 
 
