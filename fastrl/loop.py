@@ -51,6 +51,7 @@ from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.rundir import restart_count, write_config
+from fastrl.runfiles import RunFiles
 from fastrl.signals import StopWhileWaiting, install_stop_handlers, restore_handlers, stop_ends_env_waits
 
 
@@ -88,13 +89,21 @@ class TrainerDefaults:
         return all_finite(self.agent)
 
 
-def save_if_finite(trainer, run_dir: Path) -> bool:
-    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written."""
+def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> bool:
+    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written. ``files``: the
+    run directory's record, which lists it before it is written (a kill mid-write leaves it recorded) and after."""
     if not trainer.weights_finite():
         print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
               file=sys.stderr)
         return False
-    save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), trainer.cfg.keep_checkpoints)
+    path = checkpoint_path(run_dir, trainer.global_step)
+    relative = str(path.relative_to(run_dir))
+    if files is not None:
+        files.add(relative, hashed=False)
+    save_checkpoint(trainer.state_dict(), path, trainer.cfg.keep_checkpoints)
+    if files is not None:
+        files.add(relative)
+        files.sync()  # the pruned checkpoints leave the record, the sinks' new files join it
     return True
 
 
@@ -216,11 +225,15 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     """Train to the end of the budget, a stop signal, ``stop_at_return`` or a callback's False; write the run's files;
     return the summary. ``callbacks``: called after every iteration, see ``fastrl.callbacks``."""
     cfg, n_members = trainer.cfg, trainer.n_members
-    logger = NullLogger()
+    logger, files = NullLogger(), None
     if dist_info.is_main:
+        files = RunFiles(run_dir)
         write_config(run_dir, cfg)
+        files.add("config.yaml")
         if cfg.vary or n_members > 1:
             write_members(run_dir, trainer)
+            files.add("members.yaml")
+        files.add("metrics.jsonl", hashed=False)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
                            cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True, plot=cfg.plot)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
@@ -299,7 +312,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                               f"reached {cfg.stop_at_return:g} (stop_at_return)", file=sys.stderr, flush=True)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
-                save_if_finite(trainer, run_dir)
+                save_if_finite(trainer, run_dir, files)
             if callbacks and not run_callbacks(callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())},
                                                 run_context):
                 stopped_by_callback = True
@@ -321,7 +334,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                    "time_to_return_s": threshold[1] if threshold else None,
                    "restart_count": restart_count(), "process_time_s": process_seconds()}
         if dist_info.is_main:
-            save_if_finite(trainer, run_dir)
+            save_if_finite(trainer, run_dir, files)
         normalizers = [trainer.normalizer_state(m) for m in range(n_members)]
         summary.update(trainer.summary_extras())
         trainer.close()  # IMPALA's actors stop here, so the evaluation has the cores to itself
@@ -364,4 +377,8 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     finally:
         restore_handlers(previous_handlers)
         logger.close()
+        if files is not None:  # the sinks are done: their files, the summary and the plot join the record
+            files.add(*[name for name in ("summary.json", "learning_curve.png") if (run_dir / name).is_file()],
+                      hashed=False)
+            files.sync()
         trainer.close()
