@@ -175,3 +175,20 @@ def test_workers_die_with_a_killed_run(tmp_path):
     proc.kill()
     proc.communicate(timeout=30)
     assert _wait_for(lambda: not any(_alive(pid) for pid in workers), timeout=5)
+
+
+def test_impala_actors_that_fail_the_same_way_end_the_run_like_an_env_error(tmp_path):
+    """The actor's env raises on each incarnation: two restarts (backing off), then the third identical failure ends
+    the run with the env's traceback once, one line, a checkpoint and summary.json."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fastrl.train", "--algo", "impala", "--env",
+                           "fastrl_fault_envs:FailingEnv", "--n-actors", "1", "--n-slots", "2", "--n-envs", "4",
+                           "--n-steps", "16", "--learner-batch", "1", "--total-steps", "100000", "--eval-episodes", "0",
+                           "--run-dir", str(run_dir), *QUIET], cwd=tmp_path, env=_env(FASTRL_FAIL_AT_STEP="40"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = _fastrl_lines(done.stderr)
+    assert len(lines) == 1 and "actors failed the same way 3 times in a row" in lines[0], done.stderr[-3000:]
+    assert "the simulator lost its connection" in lines[0] and done.stderr.count("Traceback") == 1, done.stderr
+    summary = _assert_saved(run_dir)
+    assert summary["actor_restarts"] == 2 and "the simulator lost its connection" in summary["stopped_by_error"]
