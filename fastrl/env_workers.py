@@ -30,6 +30,25 @@ class ObservationShapeError(ValueError):
     received shape)."""
 
 
+class NonFiniteObservationError(ValueError):
+    """An env returned a NaN or infinite observation (message: env, which env of the batch, the step)."""
+
+
+def check_finite_observation(obs, env_id: str, step: int) -> None:
+    """Raise EnvError when ``obs [N, ...]`` (a batch's observations, ``step`` steps after the envs were built) holds
+    a NaN or an infinity, naming the env, the first such env index and the step."""
+    import torch
+    finite = torch.isfinite(obs).reshape(obs.shape[0], -1).all(1)
+    if bool(finite.all()):
+        return
+    index = int((~finite).nonzero()[0, 0])
+    bad = obs[index][~torch.isfinite(obs[index])].reshape(-1)[0].item()
+    raise EnvError(env_id, NonFiniteObservationError(
+        f"env {env_id!r} returned a non-finite observation ({bad}) from env {index} of {obs.shape[0]} at its step "
+        f"{step}; observation normalization (normalize_obs) cannot take it: fix the env (or drop normalize_obs), "
+        "then continue the run with --resume"), "step" if step else "reset")
+
+
 class EnvFault(RuntimeError):
     """An env call that did not return: its worker hung or died (message: which, in which call)."""
 
@@ -65,7 +84,7 @@ class EnvError(UserError):
     def __init__(self, env_id: str, error: BaseException, call: str):
         self.env_id, self.error, self.call = env_id, error, call
         self.trace = getattr(error, "trace", "")
-        if isinstance(error, ObservationShapeError):
+        if isinstance(error, (ObservationShapeError, NonFiniteObservationError)):
             message = str(error)
         elif isinstance(error, EnvFault):
             message = f"env {env_id!r}: {error}, then continue the run with --resume"

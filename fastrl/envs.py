@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
-from fastrl.env_workers import EnvCodeError, EnvError, ObservationShapeError, watched_vector_env
+from fastrl.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
+                                watched_vector_env)
 
 
 @dataclass(frozen=True)
@@ -896,6 +897,7 @@ class NormalizedEnv:
         self.member_gamma = torch.tensor(self.gammas, dtype=torch.float64).unsqueeze(1)  # [K, 1]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
         self.member_envs = env.n_envs // self.n_members
+        self.steps = 0  # steps of the batch since it was built (each env's step count)
 
     def __getattr__(self, name):
         return getattr(self.env, name)
@@ -915,6 +917,7 @@ class NormalizedEnv:
             return obs
         grouped = obs.reshape(self.n_members, -1, *obs.shape[1:]).double()  # converted once, for both uses
         if self.training:
+            check_finite_observation(obs, self.env_id, self.steps)  # a NaN would poison the statistics for good
             self.obs_stats.update(grouped)
         mean = self.obs_stats.mean.unsqueeze(1)
         std = torch.sqrt(self.obs_stats.var.unsqueeze(1) + 1e-8)
@@ -926,6 +929,7 @@ class NormalizedEnv:
 
     def step(self, action: torch.Tensor) -> EnvStep:
         out = self.env.step(action)
+        self.steps += 1
         out.observation = self._obs(out.observation)
         if self.normalize_reward and self.training:
             k = self.n_members

@@ -192,3 +192,18 @@ def test_impala_actors_that_fail_the_same_way_end_the_run_like_an_env_error(tmp_
     assert "the simulator lost its connection" in lines[0] and done.stderr.count("Traceback") == 1, done.stderr
     summary = _assert_saved(run_dir)
     assert summary["actor_restarts"] == 2 and "the simulator lost its connection" in summary["stopped_by_error"]
+
+
+def test_a_nan_observation_never_enters_the_normalizer(tmp_path):
+    import torch
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "fastrl.train", "--env", "fastrl_fault_envs:NaNObservationEnv",
+                           "--normalize-obs", "true", "--n-envs", "2", "--run-dir", str(run_dir), *SMALL],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = _fastrl_lines(done.stderr)
+    assert len(lines) == 1 and "returned a non-finite observation (nan) from env " in lines[0], done.stderr
+    assert "'fastrl_fault_envs:NaNObservationEnv'" in lines[0] and " at its step " in lines[0], lines
+    assert "non-finite observation" in _assert_saved(run_dir)["stopped_by_error"]
+    statistics = load_checkpoint(run_dir)["normalizer"]["obs_rms"]
+    assert all(bool(torch.isfinite(statistics[key]).all()) for key in ("mean", "var", "count"))
