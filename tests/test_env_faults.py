@@ -207,3 +207,49 @@ def test_a_nan_observation_never_enters_the_normalizer(tmp_path):
     assert "non-finite observation" in _assert_saved(run_dir)["stopped_by_error"]
     statistics = load_checkpoint(run_dir)["normalizer"]["obs_rms"]
     assert all(bool(torch.isfinite(statistics[key]).all()) for key in ("mean", "var", "count"))
+
+
+def test_sigint_during_the_final_evaluation_exits_130(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fastrl.train", "--env", "CartPole-v1", "--n-envs", "4", "--n-steps",
+                             "32", "--total-steps", "128", "--eval-episodes", "20000", "--eval-seeds", "1", "--run-dir",
+                             str(run_dir), "--torch-threads", "1", "--device", "cpu", *QUIET[:-2]], cwd=tmp_path,
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # not quiet: the final evaluation announces itself
+        if line.startswith("fastrl: final evaluation"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "fastrl: interrupted (Ctrl-C) at step 128" in err, err
+    summary = _assert_saved(run_dir)
+    assert summary["stop_signal"] == "SIGINT" and summary["eval_return_mean"] is None
+
+
+def test_a_compile_cut_by_a_stop_signal_is_no_compile_failure(recwarn):
+    """Ctrl-C to the process group stops inductor's compile workers too; the compile then fails, and that is an
+    interruption: no "torch.compile failed" warning. Without a stop signal the same failure warns."""
+    from fastrl.compile import CompiledOrEager
+    from fastrl.signals import install_stop_handlers, restore_handlers
+
+    def failing_compiled(x):
+        raise RuntimeError("compile worker died")
+
+    def cut(stop_first: bool) -> list:
+        call = CompiledOrEager(lambda x: x + 1, "off", "the test function")
+        call.fn, call.compiled, call._checked = failing_compiled, True, False  # as if torch.compile had wrapped it
+        flag = {"stop": None}
+        previous = install_stop_handlers(flag)
+        try:
+            if stop_first:
+                os.kill(os.getpid(), signal.SIGINT)
+                assert _wait_for(lambda: flag["stop"] == signal.SIGINT, timeout=5)
+            recwarn.clear()
+            assert call(1) == 2  # the eager function ran instead
+        finally:
+            restore_handlers(previous)
+        return [str(w.message) for w in recwarn if "torch.compile failed" in str(w.message)]
+
+    assert cut(stop_first=False), "a real compile failure must warn"
+    assert cut(stop_first=True) == []
