@@ -46,6 +46,7 @@ import torch
 from fastrl import distributed
 from fastrl.callbacks import RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.config import UserError
 from fastrl.envs import EnvError
 from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
@@ -375,10 +376,15 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             raise env_error
         return summary
     finally:
+        pending = sys.exc_info()[1]
         restore_handlers(previous_handlers)
         logger.close()
         if files is not None:  # the sinks are done: their files, the summary and the plot join the record
-            files.add(*[name for name in ("summary.json", "learning_curve.png") if (run_dir / name).is_file()],
-                      hashed=False)
-            files.sync()
+            try:
+                files.add(*[name for name in ("summary.json", "learning_curve.png") if (run_dir / name).is_file()],
+                          hashed=False)
+                files.sync()
+            except UserError:
+                if pending is None:  # else the error that ended the run (a full disk, most likely) is the one to tell
+                    raise
         trainer.close()
