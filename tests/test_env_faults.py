@@ -253,3 +253,18 @@ def test_a_compile_cut_by_a_stop_signal_is_no_compile_failure(recwarn):
 
     assert cut(stop_first=False), "a real compile failure must warn"
     assert cut(stop_first=True) == []
+
+
+def test_an_endless_budget_plans_the_compile_of_a_long_run_not_of_an_endless_one():
+    """total_steps: 1e30 ("until I stop it") must not unroll the whole update into one graph (about 45 s of compiling
+    before the first step, and as long before a SIGTERM is heard): it plans as a 200k-gradient-step run does."""
+    import torch
+    from fastrl.compile import PLANNING_HORIZON_GRADIENT_STEPS, compile_plan
+    from fastrl.config import make_config
+    cfg = make_config({"total_steps": 1e30})
+    iterations = cfg.total_steps // (cfg.n_envs * cfg.n_steps)
+    endless = compile_plan("auto", torch.device("cpu"), iterations * cfg.n_epochs * cfg.n_minibatches,
+                           iterations * cfg.n_steps, n_epochs=cfg.n_epochs, n_minibatches=cfg.n_minibatches)
+    long = compile_plan("auto", torch.device("cpu"), PLANNING_HORIZON_GRADIENT_STEPS, 10**9, n_epochs=cfg.n_epochs,
+                        n_minibatches=cfg.n_minibatches)
+    assert endless == long and endless.steps_per_call < cfg.n_epochs * cfg.n_minibatches, endless
