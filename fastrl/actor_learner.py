@@ -54,7 +54,7 @@ from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config, UserError
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
-from fastrl.env_workers import EnvCodeError, EnvError, EnvFault
+from fastrl.env_workers import ERROR_BYTES, EnvError, EnvFault, read_env_error, write_env_error
 from fastrl.models import make_agent
 from fastrl.stacked import FlatLayout
 from fastrl.update import Update, UpdateSpec, learner_minibatch_index, member_hparams
@@ -77,7 +77,6 @@ AUTO_SYNC_STEPS = 10_000
 # MAX_RESTART_BACKOFF_S); SAME_FAILURES_TO_STOP such failures in a row end the run as an env error.
 RESTART_BACKOFF_S, MAX_RESTART_BACKOFF_S, SAME_FAILURES_TO_STOP = 0.5, 30.0, 3
 ENV_ERROR_EXIT = 87  # an actor whose env failed exits with this, its error in ActorPool.errors
-ERROR_BYTES = 4096
 
 
 # ---------------------------------------------------------------------------------------------- slots
@@ -322,32 +321,6 @@ def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: 
     except EnvError as e:
         write_env_error(errors[actor_id], e)
         raise SystemExit(ENV_ERROR_EXIT) from None
-
-
-def write_env_error(buffer: torch.Tensor, error: EnvError) -> None:
-    """``error`` as JSON bytes in ``buffer`` (uint8 ``[ERROR_BYTES]``, zero-padded; the trace cut to fit)."""
-    import json
-    record = {"env": error.env_id, "call": error.call, "kind": getattr(error.error, "kind", "") or
-              type(error.error).__name__, "message": getattr(error.error, "message", str(error.error)),
-              "fault": isinstance(error.error, EnvFault), "trace": error.trace}
-    data = json.dumps(record).encode()
-    if len(data) > ERROR_BYTES:
-        record["trace"] = record["trace"][-(ERROR_BYTES // 2):]
-        data = json.dumps(record).encode()[:ERROR_BYTES]
-    buffer.zero_()
-    buffer[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-def read_env_error(buffer: torch.Tensor) -> EnvError | None:
-    """The EnvError an actor wrote with ``write_env_error`` (None if none, or unreadable)."""
-    import json
-    try:
-        record = json.loads(bytes(buffer.numpy()).rstrip(b"\0").decode())
-        error = EnvFault(record["message"]) if record["fault"] else EnvCodeError(record["message"], record["kind"],
-                                                                                   record["trace"])
-        return EnvError(record["env"], error, record["call"])
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _act(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard, stats: torch.Tensor,

@@ -96,6 +96,37 @@ class EnvError(UserError):
         super().__init__(message)
 
 
+ERROR_BYTES = 4096
+
+
+def write_env_error(buffer, error: EnvError) -> None:
+    """``error`` as JSON bytes in ``buffer`` (a shared uint8 tensor ``[ERROR_BYTES]``, zero-padded; the trace cut to
+    fit): how an IMPALA/APPO actor hands its env's error to the learner."""
+    import json
+    import torch
+    record = {"env": error.env_id, "call": error.call, "kind": getattr(error.error, "kind", "") or
+              type(error.error).__name__, "message": getattr(error.error, "message", str(error.error)),
+              "fault": isinstance(error.error, EnvFault), "trace": error.trace}
+    data = json.dumps(record).encode()
+    if len(data) > ERROR_BYTES:
+        record["trace"] = record["trace"][-(ERROR_BYTES // 2):]
+        data = json.dumps(record).encode()[:ERROR_BYTES]
+    buffer.zero_()
+    buffer[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def read_env_error(buffer) -> EnvError | None:
+    """The EnvError an actor wrote with ``write_env_error`` (None if none, or unreadable)."""
+    import json
+    try:
+        record = json.loads(bytes(buffer.numpy()).rstrip(b"\0").decode())
+        error = EnvFault(record["message"]) if record["fault"] else EnvCodeError(record["message"], record["kind"],
+                                                                                   record["trace"])
+        return EnvError(record["env"], error, record["call"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def watched_vector_env(env_fns: list, in_process: bool, timeout_s: float, **kwargs):
     """The vector env over ``env_fns``: in this process (``WatchedSyncVectorEnv``) or one worker process per env
     (``WatchedAsyncVectorEnv``), every call under the ``timeout_s`` deadline."""

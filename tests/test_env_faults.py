@@ -268,3 +268,18 @@ def test_an_endless_budget_plans_the_compile_of_a_long_run_not_of_an_endless_one
     long = compile_plan("auto", torch.device("cpu"), PLANNING_HORIZON_GRADIENT_STEPS, 10**9, n_epochs=cfg.n_epochs,
                         n_minibatches=cfg.n_minibatches)
     assert endless == long and endless.steps_per_call < cfg.n_epochs * cfg.n_minibatches, endless
+
+
+def test_an_actors_env_error_round_trips_through_shared_memory():
+    import torch
+    from fastrl.env_workers import (ERROR_BYTES, EnvCodeError, EnvError, EnvFault, read_env_error,
+                                    write_env_error)
+    buffer = torch.zeros(ERROR_BYTES, dtype=torch.uint8)
+    assert read_env_error(buffer) is None
+    raised = EnvError("m:Env", EnvCodeError("boom", "RuntimeError", "Traceback ...\n" + "x" * 10 * ERROR_BYTES), "step")
+    write_env_error(buffer, raised)
+    back = read_env_error(buffer)
+    assert str(back) == str(raised) and back.trace.endswith("x" * 100) and len(back.trace) < ERROR_BYTES
+    hung = EnvError("m:Env", EnvFault("step() did not return within 1 s (env_timeout_s)"), "step")
+    write_env_error(buffer, hung)
+    assert str(read_env_error(buffer)) == str(hung)
