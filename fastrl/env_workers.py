@@ -19,10 +19,11 @@ import os
 import signal
 import threading
 import time
-from contextlib import contextmanager
 
 from fastrl.config import UserError
-from fastrl.signals import waiting_on_env
+from fastrl.signals import set_waiting, waiting_on_env
+
+_MAIN_THREAD = threading.main_thread().ident
 
 
 class ObservationShapeError(ValueError):
@@ -143,19 +144,30 @@ def _expire(_signum, _frame):
     raise _Expired
 
 
-@contextmanager
-def _deadline(timeout_s: float):
-    """Raise ``_Expired`` in the main thread if the body takes over ``timeout_s`` (other threads: no deadline)."""
-    if not timeout_s or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+class _InProcessCall:
+    """The body of an env call in this process: marked as a wait on the env (``fastrl.signals``) and under a deadline
+    (SIGALRM raises ``_Expired`` after ``timeout_s``). Only in the main thread, and not where the program uses SIGALRM
+    itself. The handler stays installed once set: setting it per call cost as much as a CartPole step."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s, self.armed = timeout_s, False
+
+    def __enter__(self):
+        if threading.get_ident() != _MAIN_THREAD:
+            return
+        set_waiting(True)
+        handler = signal.getsignal(signal.SIGALRM)
+        self.armed = bool(self.timeout_s) and handler in (_expire, signal.SIG_DFL)
+        if self.armed:
+            if handler is signal.SIG_DFL:
+                signal.signal(signal.SIGALRM, _expire)
+            signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+
+    def __exit__(self, *_exc):
+        if threading.get_ident() == _MAIN_THREAD:
+            if self.armed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            set_waiting(False)
 
 
 @functools.lru_cache(maxsize=1)
@@ -166,12 +178,12 @@ def _sync_vector_env():
         """SyncVectorEnv whose ``reset``/``step`` end with an EnvFault past ``timeout_s`` seconds."""
 
         def __init__(self, env_fns, timeout_s: float, **kwargs):
-            self.timeout_s = timeout_s
+            self.timeout_s, self._watch = timeout_s, _InProcessCall(timeout_s)
             super().__init__(env_fns, **kwargs)
 
         def _call(self, name: str, fn, *args, **kwargs):
             try:
-                with waiting_on_env(), _deadline(self.timeout_s):
+                with self._watch:
                     return fn(*args, **kwargs)
             except _Expired:
                 raise EnvFault(f"{name}() did not return within {self.timeout_s:g} s (env_timeout_s): fix the env (or "

@@ -34,6 +34,11 @@ def stop_requested() -> bool:
     return _STATE["signal"] is not None
 
 
+def set_waiting(waiting: bool) -> None:
+    """Mark (or unmark) the main thread as waiting on an env; see ``waiting_on_env``."""
+    _STATE["waiting"] = waiting
+
+
 @contextmanager
 def waiting_on_env():
     """Marks the main thread as waiting on an env for the ``with`` body (no-op in other threads)."""
