@@ -182,7 +182,7 @@ def _choose(cfg: Config, dist_info: distributed.DistInfo) -> tuple[Path, RunLock
             elif holds_run(path) and not cfg.overwrite:
                 raise UserError(f"run_dir {str(path)!r} already holds a run; continue it with --resume {path}, start "
                                 f"afresh there with --overwrite, or pick another --run-dir")
-            elif cfg.overwrite:
+            elif cfg.overwrite and holds_run(path):
                 clear_run(path)
         except BaseException:
             lock.release()

@@ -116,3 +116,10 @@ def test_resume_into_an_empty_dir_or_its_own_is_accepted(tmp_path):
     assert train_main(TINY + ["--total-steps", "256", "--resume", str(first), "--run-dir", str(empty)]) == 0
     assert [p.name for p in list_checkpoints(empty / "checkpoints")] == ["ckpt_000000000256.pt"]
     assert train_main(TINY + ["--total-steps", "256", "--resume", str(first), "--run-dir", str(first)]) == 0
+
+
+def test_overwrite_into_a_new_or_empty_dir_just_starts(tmp_path):
+    assert _train(tmp_path / "new", 128, "--overwrite", "true") == 0
+    (tmp_path / "empty").mkdir()
+    assert _train(tmp_path / "empty", 128, "--overwrite", "true") == 0
+    assert list_checkpoints(tmp_path / "empty" / "checkpoints")
