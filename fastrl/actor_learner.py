@@ -54,6 +54,7 @@ from fastrl.buffers import make_rollout_buffer
 from fastrl.checkpoint import load_trainer_state, trainer_state
 from fastrl.config import Config, UserError
 from fastrl.envs import EpisodeStats, RunningMeanStd, make_env
+from fastrl.env_workers import ERROR_BYTES, EnvError, EnvFault, read_env_error, write_env_error
 from fastrl.models import make_agent
 from fastrl.stacked import FlatLayout
 from fastrl.update import Update, UpdateSpec, learner_minibatch_index, member_hparams
@@ -72,6 +73,10 @@ A_STEPS, A_ROLLOUTS, A_WAIT, A_ENV, A_POLICY, A_BEAT = range(6)
 POLL_S = 0.0005
 STARTUP_GRACE_S = 120.0  # an actor that has not yet sent its first heartbeat gets this long to start
 AUTO_SYNC_STEPS = 10_000
+# A failed actor restarts after RESTART_BACKOFF_S, doubling with each failure in a row of the same kind (at most
+# MAX_RESTART_BACKOFF_S); SAME_FAILURES_TO_STOP such failures in a row end the run as an env error.
+RESTART_BACKOFF_S, MAX_RESTART_BACKOFF_S, SAME_FAILURES_TO_STOP = 0.5, 30.0, 3
+ENV_ERROR_EXIT = 87  # an actor whose env failed exits with this, its error in ActorPool.errors
 
 
 # ---------------------------------------------------------------------------------------------- slots
@@ -305,11 +310,22 @@ class RolloutCollector:
 
 
 def actor_main(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard,
-               stats: torch.Tensor, parent_pid: int) -> None:
+               stats: torch.Tensor, parent_pid: int, errors: torch.Tensor) -> None:
     """Actor process body: fill own slots with ``[T, N]`` rollouts (``RolloutCollector``) until told to stop or
-    orphaned. Before each rollout it pulls the newest published weights, if any came since the last."""
-    stopping = {"now": False}
+    orphaned. Before each rollout it pulls the newest published weights, if any came since the last. An error of the
+    user's env is handed to the learner (``errors[actor_id]``, see ``write_env_error``) and the actor exits with
+    ``ENV_ERROR_EXIT``, printing nothing: the learner decides what the console shows."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C hits the whole group; the learner decides
+    try:
+        _act(actor_id, restart, cfg, ring, board, stats, parent_pid)
+    except EnvError as e:
+        write_env_error(errors[actor_id], e)
+        raise SystemExit(ENV_ERROR_EXIT) from None
+
+
+def _act(actor_id: int, restart: int, cfg: Config, ring: SlotRing, board: WeightBoard, stats: torch.Tensor,
+         parent_pid: int) -> None:
+    stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
     collector = RolloutCollector(cfg, actor_id, restart)
     version, seen_seq = board.pull(collector.agent)
@@ -362,6 +378,9 @@ class ActorPool:
         self.cfg, self.ring, self.board = cfg, ring, board
         self.ctx = tmp.get_context(START_METHOD)
         self.stats = torch.zeros(cfg.n_actors, 6, dtype=torch.float64).share_memory_()
+        self.errors = torch.zeros(cfg.n_actors, ERROR_BYTES, dtype=torch.uint8).share_memory_()
+        self.failures: list[str] = []  # how each actor that died or hung ended, oldest first
+        self.restart_at: list[float | None] = [None] * cfg.n_actors  # a failed actor's restart time (backing off)
         self.procs: list = [None] * cfg.n_actors
         self.incarnation = [0] * cfg.n_actors
         self.restarts = 0
@@ -374,7 +393,7 @@ class ActorPool:
     def _start(self, actor_id: int) -> None:
         proc = self.ctx.Process(target=actor_main, name=f"fastrl-actor-{actor_id}", daemon=True,
                                 args=(actor_id, self.incarnation[actor_id], self.cfg, self.ring, self.board,
-                                      self.stats, os.getpid()))
+                                      self.stats, os.getpid(), self.errors))
         self.stats[actor_id, A_BEAT] = 0.0  # no sign of life yet: start-up is judged by STARTUP_GRACE_S
         self.started_at[actor_id] = time.monotonic()
         # Children inherit an ignored SIGINT from birth, so a Ctrl-C during their start-up cannot kill them.
@@ -402,6 +421,12 @@ class ActorPool:
         restarted = 0
         beats = self.stats[:, A_BEAT].numpy()
         for actor_id, proc in enumerate(self.procs):
+            if self.restart_at[actor_id] is not None:  # failed: restarted once its back-off has passed
+                if now >= self.restart_at[actor_id]:
+                    self.restart_at[actor_id] = None
+                    self._start(actor_id)
+                    restarted += 1
+                continue
             if beats[actor_id] > 0:
                 hung = now - beats[actor_id] > self.cfg.actor_timeout_s
             else:  # still starting: a fresh interpreter imports torch and builds its env (seconds, more under load)
@@ -417,14 +442,26 @@ class ActorPool:
                 raise UserError("IMPALA/APPO actors are spawned processes that re-import the calling script, and it "
                                 "called fastrl.train() again at import: put the call under "
                                 "if __name__ == \"__main__\":")
-            if self.restarts >= self.max_restarts:
-                raise RuntimeError(f"actor {actor_id} exited with code {proc.exitcode} and the restart budget "
-                                   f"({self.max_restarts}) is spent; see the actor's traceback above")
+            env_error = read_env_error(self.errors[actor_id]) if proc.exitcode == ENV_ERROR_EXIT else None
+            self.errors[actor_id].zero_()
+            how = str(env_error) if env_error else (
+                f"hung (no heartbeat for {self.cfg.actor_timeout_s:g} s, actor_timeout_s)" if hung
+                else f"exited with code {proc.exitcode}")
+            self.failures.append(how)
+            streak = len(self.failures) - next((i + 1 for i in range(len(self.failures) - 1, -1, -1)
+                                                if self.failures[i] != how), 0)
+            if streak >= SAME_FAILURES_TO_STOP or self.restarts >= self.max_restarts:
+                why = (f"failed the same way {streak} times in a row" if streak >= SAME_FAILURES_TO_STOP
+                       else f"spent the restart budget ({self.max_restarts})")
+                if env_error is not None:
+                    env_error.args = (f"the IMPALA/APPO actors {why}: {env_error}",)
+                    raise env_error
+                raise EnvError(self.cfg.env, EnvFault(f"actor {actor_id} {how}; the actors {why}: see the actor's "
+                                                      "output above"), "step")
             self.lost_rollouts += self.ring.reclaim(actor_id)
             self.incarnation[actor_id] += 1
             self.restarts += 1
-            restarted += 1
-            self._start(actor_id)
+            self.restart_at[actor_id] = now + min(RESTART_BACKOFF_S * 2 ** (streak - 1), MAX_RESTART_BACKOFF_S)
         return restarted
 
     def log_extras(self, _interval_s: float) -> dict:

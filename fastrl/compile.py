@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from fastrl.signals import stop_requested
+
 # From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
 # about 2.8 ms of a 3.7 ms eager step at minibatch 64 (2.6 of 3.9 at 256) and compiles in about 46 s with a cold
 # inductor cache (2 cores, benchmarks/learner.py): break-even near 16,000 steps. Judged as if the cache were cold,
@@ -45,6 +47,10 @@ CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS = 80_000
 # gradient steps, is least near k = sqrt(G * CALL_OVERHEAD_S / COMPILE_S_PER_UNROLLED_STEP): 1 for Pendulum's 15k
 # steps (3 members: 46 s process at 1 step per call, 56 s at 2, 65 s at 4), 2 for 1M-step MuJoCo, 6 for 1M steps.
 MAX_STEPS_PER_CALL = 8
+# The unrolling is planned over at most this many gradient steps: a budget meant as "until I stop it"
+# (total_steps: 1e30) would otherwise unroll the whole update (8 steps: about 45 s of compiling before the first
+# step, and as long for a SIGTERM to be heard). The zoo's longest runs (Atari, 10M steps: 156k) stay below it.
+PLANNING_HORIZON_GRADIENT_STEPS = 200_000
 COMPILE_S_PER_UNROLLED_STEP = 5.5
 CALL_OVERHEAD_S = 0.23e-3
 
@@ -107,7 +113,8 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
         update = "default" if gradient_steps >= update_needs else "off"
     if (rollout, update) != ("off", "off"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
-    per_call = (steps_per_call(n_epochs, n_minibatches, target_steps_per_call(gradient_steps))
+    horizon = min(gradient_steps, PLANNING_HORIZON_GRADIENT_STEPS)
+    per_call = (steps_per_call(n_epochs, n_minibatches, target_steps_per_call(horizon))
                 if update != "off" else 1)
     return CompilePlan(rollout, update, per_call)
 
@@ -182,8 +189,10 @@ class CompiledOrEager:
             out = self._invoke(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
             first = (str(e).strip().splitlines() or [""])[0][:200]
-            warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it eagerly",
-                          RuntimeWarning, stacklevel=2)
+            # A Ctrl-C to the process group also stops inductor's compile workers: an interruption, not a failure.
+            if not stop_requested():
+                warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it "
+                              "eagerly", RuntimeWarning, stacklevel=2)
             self.fn, self.compiled = self.eager, False
             out = self.fn(*args, **kwargs)
         self._checked = True

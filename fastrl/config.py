@@ -148,6 +148,8 @@ class Config:
                                   "stepped inside the compiled rollout)",
                           ("auto", "envpool", "gymnasium", "torch"))
     env_threads: int = _f(0, "EnvPool worker threads (0 = EnvPool's default)")
+    env_timeout_s: float = _f(60.0, "a Gymnasium env's step() or reset() that takes longer (in this process or a "
+                                    "worker) ends the run as an env error: last iteration checkpointed, workers stopped")
     env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "
                                "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
                                "even n_envs); auto (async for image observations, where it measured faster; see "
@@ -300,7 +302,7 @@ class Config:
             if choices and getattr(self, f.name) not in choices:
                 raise UserError(f"{f.name}={brief(getattr(self, f.name))} is not one of {', '.join(choices)}")
         positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints",
-                    "eval_seeds", "clip_coef"]
+                    "eval_seeds", "clip_coef", "env_timeout_s"]
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")

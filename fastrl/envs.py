@@ -40,6 +40,8 @@ import torch
 
 from fastrl.config import UserError, brief
 from fastrl.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
+from fastrl.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
+                                watched_vector_env)
 
 
 @dataclass
@@ -421,51 +423,6 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     raise UserError(f"unknown env id {env_id!r} for {where}{hint}")
 
 
-class ObservationShapeError(ValueError):
-    """A Python env returned an observation whose shape is not its observation space's (message: env, expected and
-    received shape)."""
-
-
-class EnvCodeError(RuntimeError):
-    """What a Python env raised, carried out of a vector env's worker process: ``kind`` (the exception's type name),
-    ``message`` (its first line) and ``trace`` (its traceback through the env's own code, formatted where it was
-    raised). Gymnasium's AsyncVectorEnv re-raises a worker's exception as ``type(e)(e)``, so building one from
-    another copies it."""
-
-    def __init__(self, message="", kind: str = "", trace: str = ""):
-        if isinstance(message, EnvCodeError):
-            message, kind, trace = message.message, message.kind, message.trace
-        super().__init__(message)
-        self.message, self.kind, self.trace = str(message), kind, trace
-
-    @classmethod
-    def from_exception(cls, error: BaseException) -> EnvCodeError:
-        import os
-        import traceback
-        import gymnasium
-        skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(__file__))
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
-        trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
-        first = (str(error).strip().splitlines() or ["?"])[0]
-        return cls(first, type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
-
-
-class EnvError(UserError):
-    """The user's env raised ``error`` inside ``call`` (``reset`` or ``step``). The run loop stops the run as a stop
-    signal would (final checkpoint, summary.json's ``stopped_by_error``); the command line then shows the env's own
-    traceback (``trace``) and this one line."""
-
-    def __init__(self, env_id: str, error: BaseException, call: str):
-        self.env_id, self.error, self.call = env_id, error, call
-        self.trace = getattr(error, "trace", "")
-        if isinstance(error, ObservationShapeError):
-            message = str(error)
-        else:
-            kind = getattr(error, "kind", "") or type(error).__name__
-            first = (str(error).strip().splitlines() or ["?"])[0]
-            message = (f"env {env_id!r} raised {kind} in {call}(): {first}; fix the env (its traceback is above), "
-                       "then continue the run with --resume")
-        super().__init__(message)
 
 
 @functools.lru_cache(maxsize=1)
@@ -545,18 +502,19 @@ class BatchedEnv:
     ``backend="torch"`` builds a ``fastrl.torch_envs.TorchEnv`` (same interface, tensors all the way)."""
 
     def __new__(cls, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
+                env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.torch_envs import TorchEnv
             return TorchEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
-                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False):
+                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         """``n_members``: the envs are that many members' equal blocks (env i is seeded ``seed + i`` either way).
         ``time_feature``: each observation ``[D]`` gets a last entry ``1 - t / max_episode_steps`` (``[D + 1]``),
         ``t`` the steps taken in its episode (0 on the first observation, so 1.0 there and 0.0 on the observation a
-        time limit cuts at): the RL Zoo's TimeFeatureWrapper, which lets the value tell how much time is left."""
+        time limit cuts at): the RL Zoo's TimeFeatureWrapper, which lets the value tell how much time is left.
+        ``timeout_s``: the deadline of each call of a Gymnasium env (``fastrl.env_workers``)."""
         self.env_id, self.n_envs = env_id, n_envs
         self.backend = resolve_backend(env_id, backend)
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
@@ -600,9 +558,9 @@ class BatchedEnv:
                                     module=r"gymnasium\.vector\.async_vector_env")
             # Workers fork on Linux whatever the global start method: `import torchrl` sets spawn, which re-runs a
             # script without a __main__ guard in each worker. They run the env's code only, never CUDA.
-            vector_env = gymnasium.vector.SyncVectorEnv if in_process else functools.partial(
-                gymnasium.vector.AsyncVectorEnv, context="fork" if sys.platform.startswith("linux") else None)
-            self._env = vector_env(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
+            fork = {"context": "fork"} if not in_process and sys.platform.startswith("linux") else {}
+            self._env = watched_vector_env(fns, in_process, timeout_s,
+                                           autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, **fork)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
         self.observation_space, self.action_space = obs_space, act_space  # one env's, as Gymnasium spaces
@@ -821,6 +779,7 @@ class NormalizedEnv:
         self.member_gamma = torch.tensor(self.gammas, dtype=torch.float64).unsqueeze(1)  # [K, 1]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
         self.member_envs = env.n_envs // self.n_members
+        self.steps = 0  # steps of the batch since it was built (each env's step count)
 
     def __getattr__(self, name):
         return getattr(self.env, name)
@@ -840,6 +799,7 @@ class NormalizedEnv:
             return obs
         grouped = obs.reshape(self.n_members, -1, *obs.shape[1:]).double()  # converted once, for both uses
         if self.training:
+            check_finite_observation(obs, self.env_id, self.steps)  # a NaN would poison the statistics for good
             self.obs_stats.update(grouped)
         mean = self.obs_stats.mean.unsqueeze(1)
         std = torch.sqrt(self.obs_stats.var.unsqueeze(1) + 1e-8)
@@ -851,6 +811,7 @@ class NormalizedEnv:
 
     def step(self, action: torch.Tensor) -> EnvStep:
         out = self.env.step(action)
+        self.steps += 1
         out.observation = self._obs(out.observation)
         if self.normalize_reward and self.training:
             k = self.n_members
@@ -881,7 +842,7 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
     n_envs = n_envs or cfg.n_envs
     k = len(members) if members else 1
     env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
-                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature)
+                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature, timeout_s=cfg.env_timeout_s)
     if k > 1:
         env.stats = MemberEpisodeStats(k, n_envs // k)
     gammas = [m.gamma for m in members] if k > 1 else cfg.gamma

@@ -367,8 +367,13 @@ def serve_sinks() -> None:
     ``("row", record, step)`` to the sinks, ``("end",)`` lets them finish, ``("plot", run_dir)`` writes the run's
     plot. At the end of stdin (the run closed it, or died) it waits for each sink to write its rows and close."""
     import importlib
+    import logging
     import pickle
     import threading
+    # On a full disk wandb's own log files fail: logging would print a traceback per record, and asyncio a line per
+    # write to wandb's lost service process. The sink's one warning line says it (see SinkWriter).
+    logging.raiseExceptions = False
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     pipe = sys.stdin.buffer
     try:
         factory, sink_args, plots = pickle.load(pipe)

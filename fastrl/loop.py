@@ -37,7 +37,6 @@ import math
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -46,12 +45,15 @@ import torch
 from fastrl import distributed
 from fastrl.callbacks import CallbackError, RunContext, run_callbacks
 from fastrl.checkpoint import checkpoint_path, save_checkpoint
+from fastrl.config import UserError
 from fastrl.envs import EnvError
 from fastrl.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.guards import RollbackGuard, all_finite
 from fastrl.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.rundir import restart_count, write_config
 from fastrl.storage import strict_json
+from fastrl.runfiles import RunFiles
+from fastrl.signals import StopWhileWaiting, install_stop_handlers, restore_handlers, stop_ends_env_waits
 
 
 def process_seconds() -> float | None:
@@ -62,18 +64,6 @@ def process_seconds() -> float | None:
         return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def install_stop_handlers(flag: dict) -> dict:
-    """SIGINT/SIGTERM set ``flag["stop"]``: the run ends after the current iteration. Returns the previous handlers."""
-    def handler(signum, _frame):
-        flag["stop"] = signum
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # Python sets handlers only in the main thread (e.g. fastrl.train called from a worker thread)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    for sig in previous:
-        signal.signal(sig, handler)
-    return previous
 
 
 class TrainerDefaults:
@@ -100,13 +90,21 @@ class TrainerDefaults:
         return all_finite(self.agent)
 
 
-def save_if_finite(trainer, run_dir: Path) -> bool:
-    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written."""
+def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> bool:
+    """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written. ``files``: the
+    run directory's record, which lists it before it is written (a kill mid-write leaves it recorded) and after."""
     if not trainer.weights_finite():
         print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
               file=sys.stderr)
         return False
-    save_checkpoint(trainer.state_dict(), checkpoint_path(run_dir, trainer.global_step), trainer.cfg.keep_checkpoints)
+    path = checkpoint_path(run_dir, trainer.global_step)
+    relative = str(path.relative_to(run_dir))
+    if files is not None:
+        files.add(relative, hashed=False)
+    save_checkpoint(trainer.state_dict(), path, trainer.cfg.keep_checkpoints)
+    if files is not None:
+        files.add(relative)
+        files.sync()  # the pruned checkpoints leave the record, the sinks' new files join it
     return True
 
 
@@ -183,8 +181,9 @@ def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | No
         print(f"fastrl: {label}: {members}{describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr,
               flush=True)
     try:
-        return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
-    except EvaluationStopped:
+        with stop_ends_env_waits():
+            return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
+    except (EvaluationStopped, StopWhileWaiting):
         print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
               flush=True)
         return None
@@ -230,11 +229,15 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     """Train to the end of the budget, a stop signal, ``stop_at_return`` or a callback's False; write the run's files;
     return the summary. ``callbacks``: called after every iteration, see ``fastrl.callbacks``."""
     cfg, n_members = trainer.cfg, trainer.n_members
-    logger = NullLogger()
+    logger, files = NullLogger(), None
     if dist_info.is_main:
+        files = RunFiles(run_dir)
         write_config(run_dir, cfg)
+        files.add("config.yaml")
         if cfg.vary or n_members > 1:
             write_members(run_dir, trainer)
+            files.add("members.yaml")
+        files.add("metrics.jsonl", hashed=False)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
                            cfg.wandb_project, cfg.progress, n_members=n_members, sink_process=True, plot=cfg.plot)
     guards = [RollbackGuard(m.rollback, m.rollback_drop, m.rollback_lr_factor, m.max_rollbacks, m.rollback_patience,
@@ -257,10 +260,13 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
     try:
         while not trainer.finished() and stop["stop"] is None:
             try:
-                if not trainer.collect():
-                    break
+                with stop_ends_env_waits():
+                    if not trainer.collect():
+                        break
             except EnvError as e:
                 env_error = e
+                break
+            except StopWhileWaiting:  # a stop signal ended a wait on the env: the iteration in progress is dropped
                 break
             metrics = trainer.update()
             if trainer.iteration % cfg.log_interval == 0 or trainer.finished():
@@ -313,7 +319,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                               f"reached {cfg.stop_at_return:g} (stop_at_return)", file=sys.stderr, flush=True)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
-                save_if_finite(trainer, run_dir)
+                save_if_finite(trainer, run_dir, files)
             try:
                 go_on = not callbacks or run_callbacks(
                     callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())}, run_context)
@@ -339,7 +345,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
                    "time_to_return_s": threshold[1] if threshold else None,
                    "restart_count": restart_count(), "process_time_s": process_seconds()}
         if dist_info.is_main:
-            save_if_finite(trainer, run_dir)
+            save_if_finite(trainer, run_dir, files)
         normalizers = [trainer.normalizer_state(m) for m in range(n_members)]
         summary.update(trainer.summary_extras())
         trainer.close()  # IMPALA's actors stop here, so the evaluation has the cores to itself
@@ -349,6 +355,7 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             if cfg.eval_episodes and stop["stop"] is None and env_error is None:
                 member_eval = final_evaluation(trainer, normalizers, lambda: stop["stop"] is not None)
                 summary["stopped_by_signal"] = stop["stop"] is not None
+                summary["stop_signal"] = signal.Signals(stop["stop"]).name if stop["stop"] else None
             if member_eval:
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
@@ -379,7 +386,15 @@ def run_loop(trainer, run_dir: Path, dist_info: distributed.DistInfo, callbacks=
             raise env_error or callback_error
         return summary
     finally:
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        pending = sys.exc_info()[1]
+        restore_handlers(previous_handlers)
         logger.close()
+        if files is not None:  # the sinks are done: their files, the summary and the plot join the record
+            try:
+                files.add(*[name for name in ("summary.json", "learning_curve.png") if (run_dir / name).is_file()],
+                          hashed=False)
+                files.sync()
+            except UserError:
+                if pending is None:  # else the error that ended the run (a full disk, most likely) is the one to tell
+                    raise
         trainer.close()

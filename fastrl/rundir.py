@@ -17,15 +17,15 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import socket
 import time
 from pathlib import Path
 
 from fastrl import distributed
 from fastrl.config import Config, UserError
+from fastrl.runfiles import clear_run, refuse_links
 
-# What makes a directory "hold a run"; also what --overwrite deletes (nothing else in the directory is touched).
+# What makes a directory "hold a run" (what --overwrite deletes is what fastrl recorded: fastrl.runfiles).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png")
 RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
 
@@ -76,8 +76,10 @@ class RunLock:
         """Take the lock and write this process's PID into the file, or raise a one-line UserError naming the
         process that holds it."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:  # never truncate (and write a PID into) whatever a link points at
+                refuse_links(self.path.parent)
             raise _cannot_create(self.path.parent, e) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -164,7 +166,13 @@ def check_restart_owner(path: Path, cfg: Config) -> None:
 def _choose(cfg: Config, dist_info: distributed.DistInfo) -> tuple[Path, RunLock]:
     """Rank 0's choice, created and locked (raises UserError for a run directory this run may not write into)."""
     if cfg.resume:
-        path = Path(cfg.run_dir) if cfg.run_dir else resume_run_dir(cfg.resume)
+        own = resume_run_dir(cfg.resume)
+        path = Path(cfg.run_dir) if cfg.run_dir else own
+        if path.exists() and os.path.realpath(path) != os.path.realpath(own) and any(path.iterdir()):
+            raise UserError(f"--resume {cfg.resume} --run-dir {path}: {str(path)!r} is neither that checkpoint's run "
+                            "directory nor empty; drop --run-dir to continue in the run's own directory, or give an "
+                            "empty one")
+        make_dirs(path)
         return path, RunLock(path).acquire()
     if cfg.run_dir:
         path = Path(cfg.run_dir)
@@ -176,7 +184,7 @@ def _choose(cfg: Config, dist_info: distributed.DistInfo) -> tuple[Path, RunLock
             elif holds_run(path) and not cfg.overwrite:
                 raise UserError(f"run_dir {str(path)!r} already holds a run; continue it with --resume {path}, start "
                                 f"afresh there with --overwrite, or pick another --run-dir")
-            elif cfg.overwrite:
+            elif cfg.overwrite and holds_run(path):
                 clear_run(path)
         except BaseException:
             lock.release()
@@ -217,6 +225,11 @@ def agree_run_dir(cfg: Config, dist_info: distributed.DistInfo) -> Path:
     if dist_info.is_main:
         try:
             path, lock = _choose(cfg, dist_info)
+            try:
+                refuse_links(path)
+            except UserError:
+                lock.release()
+                raise
             _HELD[str(path)] = lock
             choice = str(path)
         except UserError as e:
@@ -243,14 +256,6 @@ def release_run_dir(path: Path, discard_unused: bool = False) -> None:
             path.rmdir()
         except OSError:  # the user's own files are in it: it stays
             pass
-
-
-def clear_run(path: Path) -> None:
-    """Delete a run's own files (``--overwrite``); anything else in the directory stays."""
-    for name in RUN_FILES:
-        (path / name).unlink(missing_ok=True)
-    for name in RUN_DIRS:
-        shutil.rmtree(path / name, ignore_errors=True)
 
 
 # The keys of the final evaluation's own rows (loop.py logs them at the last step, after the final checkpoint).

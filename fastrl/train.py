@@ -13,15 +13,18 @@ import signal
 import sys
 
 
-def _interrupted_while_importing(_signum, _frame):
-    """``python -m fastrl.train``: a Ctrl-C among the imports, before ``main`` takes over, has nothing to save."""
-    sys.stderr.write("fastrl: interrupted (Ctrl-C)\n")
+def _interrupted_while_importing(signum, _frame):
+    """``python -m fastrl.train``: a Ctrl-C (SIGTERM, SIGHUP) among the imports, before ``main`` takes over, has
+    nothing to save."""
+    name = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    sys.stderr.write(f"fastrl: {name} during start-up; nothing was saved\n")
     sys.stderr.flush()
-    os._exit(130)
+    os._exit(128 + signum)
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _interrupted_while_importing)
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_signum, _interrupted_while_importing)
 
 import json  # noqa: E402
 import threading  # noqa: E402
@@ -272,12 +275,12 @@ def run_as_process(main_function, *args) -> int:
         status = main_function(*args)
     finally:
         settle_collection_for_exit()
-    if status == 130 and _STARTUP_INTERRUPT.get("cut_imports"):
+    if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and _STARTUP_INTERRUPT.get("cut_imports"):
         # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(130)
+        os._exit(status)
     return status
 
 
@@ -311,6 +314,14 @@ def _where_an_interrupt_must_wait(frame) -> bool:
     return False
 
 
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP during start-up: nothing to save yet; the command line exits ``128 + signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def _startup_interrupt(signum, frame):
     _STARTUP_INTERRUPT["signal"] = signum
     if _where_an_interrupt_must_wait(frame):
@@ -319,29 +330,33 @@ def _startup_interrupt(signum, frame):
         timer.daemon = True
         timer.start()
         return
-    raise KeyboardInterrupt
+    raise_if_interrupted()
 
 
-def install_startup_interrupt():
+def install_startup_interrupt() -> dict:
     """Until the run loop installs its own stop handlers (and again after it restores these), SIGINT raises
-    KeyboardInterrupt as Python's default handler does, and also leaves a mark: an interrupt that some library
-    swallows (e.g. raised inside a gc callback, where Python only prints it) still ends the run before training.
-    Returns the previous handler (None outside the main thread, where handlers cannot be set)."""
+    KeyboardInterrupt as Python's default handler does (SIGTERM and SIGHUP: ``Terminated``), and also leaves a mark:
+    an interrupt that some library swallows (e.g. raised inside a gc callback, where Python only prints it) still
+    ends the run before training. Returns the previous handlers (none outside the main thread, where handlers
+    cannot be set)."""
     _STARTUP_INTERRUPT["signal"] = None
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGINT, _startup_interrupt)
+        return {}
+    return {sig: signal.signal(sig, _startup_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
 
 def raise_if_interrupted() -> None:
-    if _STARTUP_INTERRUPT["signal"] is not None:
+    signum = _STARTUP_INTERRUPT["signal"]
+    if signum == signal.SIGINT:
         raise KeyboardInterrupt
+    if signum is not None:
+        raise Terminated(signum)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
     """The command line: 0 when the run ends (its budget, stop_at_return, SIGTERM), 2 with one line for a user
     error, 130 with one line for Ctrl-C at any moment (mid-run after the clean stop that saves the run)."""
-    previous = None
+    previous = {}
     try:
         previous = install_startup_interrupt()
         try:
@@ -350,24 +365,34 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         except UserError as e:  # an env's failure (fastrl.envs.EnvError) carries the env's own traceback first
             print(getattr(e, "trace", "") + f"fastrl: error: {e}", file=sys.stderr)
             return 2
-        if summary.get("stop_signal") == "SIGINT" or _STARTUP_INTERRUPT["signal"] is not None:
-            where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
+        where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
+        if summary.get("stop_signal") == "SIGINT" or _STARTUP_INTERRUPT["signal"] == signal.SIGINT:
             print(f"fastrl: interrupted (Ctrl-C) at step {summary.get('total_steps', 0)}{where}", file=sys.stderr)
             return 130
+        if summary.get("stop_signal"):
+            print(f"fastrl: stopped by {summary['stop_signal']} at step {summary.get('total_steps', 0)}{where}",
+                  file=sys.stderr)
+    except Terminated as e:
+        print(f"fastrl: stopped by {signal.Signals(e.signum).name} during start-up; nothing was saved",
+              file=sys.stderr)
+        _STARTUP_INTERRUPT["cut_imports"] = True
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
         _STARTUP_INTERRUPT["cut_imports"] = True
         return 130
     except Exception:
         # A Ctrl-C that cut an import short (numpy's, inside a library that caught it) surfaces as another error.
-        if _STARTUP_INTERRUPT["signal"] is None:
+        signum = _STARTUP_INTERRUPT["signal"]
+        if signum is None:
             raise
-        print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
+        name = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"fastrl: {name} during start-up; nothing was saved", file=sys.stderr)
         _STARTUP_INTERRUPT["cut_imports"] = True
-        return 130
+        return 128 + signum
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if summary.get("run_dir"):
         shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
                                          "run_dir")}

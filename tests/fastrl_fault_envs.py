@@ -1,11 +1,14 @@
 """Envs that fail the way user code fails, for the fault tests (tests/ on PYTHONPATH; the subprocess tests add it).
 
 ``FailingEnv`` raises in ``step()`` once the step count given by ``FASTRL_FAIL_AT_STEP`` (default 200) is reached,
-counting that env's steps; ``WrongShapeEnv`` declares observations of shape (4,) but returns (3,) after the first
+counting that env's steps; at that step ``HangingEnv`` hangs (sleeps for an hour), ``ExitingEnv`` ends its process
+(``FASTRL_EXIT_HOW``: ``os._exit`` or ``SystemExit``) and ``NaNObservationEnv`` returns a NaN observation;
+``HangingResetEnv`` hangs in ``reset()``; ``WrongShapeEnv`` declares observations of shape (4,) but returns (3,) after the first
 episode starts; ``make_none`` and ``make_int`` are factories that return no env. ``touch_marker`` records that it
 was called (in the file ``FASTRL_MARKER``): a checkpoint naming it must never make fastrl call it.
 """
 import os
+import time
 
 import gymnasium
 import numpy as np
@@ -32,6 +35,37 @@ class FailingEnv(_Base):
         if self.t + 1 >= int(os.environ.get("FASTRL_FAIL_AT_STEP", "200")):
             raise RuntimeError("the simulator lost its connection")
         return super().step(action)
+
+
+def _at_fault_step(env) -> bool:
+    return env.t + 1 >= int(os.environ.get("FASTRL_FAIL_AT_STEP", "200"))
+
+
+class HangingEnv(_Base):
+    def step(self, action):
+        if _at_fault_step(self):
+            time.sleep(3600)
+        return super().step(action)
+
+
+class HangingResetEnv(_Base):
+    def reset(self, *, seed=None, options=None):
+        time.sleep(3600)
+
+
+class ExitingEnv(_Base):
+    def step(self, action):
+        if _at_fault_step(self):
+            if os.environ.get("FASTRL_EXIT_HOW") == "SystemExit":
+                raise SystemExit(3)
+            os._exit(3)
+        return super().step(action)
+
+
+class NaNObservationEnv(_Base):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (obs + np.nan if _at_fault_step(self) else obs), *rest
 
 
 class WrongShapeEnv(_Base):

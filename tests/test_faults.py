@@ -269,12 +269,30 @@ def test_real_disk_full_during_checkpoint(small_disk, capsys):
 def test_real_disk_full_while_writing_metrics(small_disk, capsys):
     run_dir = small_disk / "run"
     run_dir.mkdir()
-    _fill(small_disk, 16 * 1024)  # tmpfs pages of 4 KB: the lock file, config.yaml, a few rows
+    # tmpfs pages of 4 KB: the lock file, config.yaml, the record of the run's files (and its rewrite's copy), a few rows
+    _fill(small_disk, 24 * 1024)
     code = main(["--total-steps", "100000", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "metrics.jsonl" in err[0] and "needs about" in err[0], err
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # all whole
     assert rows and (run_dir / "metrics.jsonl").read_bytes().endswith(b"}\n")
+
+
+def test_real_disk_full_with_wandb_and_tensorboard_is_one_error_line(small_disk):
+    """On a full disk, wandb's own log files fail too (in the sink process): no logging tracebacks, no asyncio
+    "socket.send() raised exception." flood; one error line and at most one warning per sink."""
+    run_dir = small_disk / "run"
+    run_dir.mkdir()
+    _fill(small_disk, 16 * 1024)
+    done = subprocess.run([sys.executable, "-m", "fastrl.train", "--total-steps", "100000", "--n-envs", "4", "--run-dir",
+                           str(run_dir), *SMALL, *QUIET[:2], *QUIET[4:], "--wandb", "offline", "--tensorboard", "true"],
+                          cwd=small_disk.parent, capture_output=True, text=True, timeout=300,
+                          env={**FAULT_ENV, "PYTHONPATH": str(TESTS_DIR.parent)})
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("fastrl: error: no space left on device")]
+    assert len(errors) == 1 and len(lines) <= 3, done.stderr[-3000:]
+    assert all(line.startswith("fastrl: warning:") for line in lines if line not in errors), lines
 
 
 @pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a writer thread's traceback
