@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
 
 import torch
 from torch.func import vmap
@@ -141,10 +140,8 @@ class Members:
         if eager_agent:  # the trainer's single uncompiled run: the module's parameters are views of params[0]
             layout.bind(self.agent, self.params[0])
             update = Update(spec, layout, path="module", agent=self.agent)
-        elif k == 1:
+        else:  # the functional step, which member_steps vmaps over K > 1 members
             update = Update(spec, layout)
-        else:  # the trainer's K-member path for this compile mode (step_path)
-            update = Update.for_run(spec, layout, nullcontext, k, mode != "off", None)
         self.opt_state = update.init_opt_state(self.params)
         self.hparams = {key: value.expand(k).clone() for key, value in member_hparams(cfg, device).items()}
         self.batch = tuple(x.expand(k, *x.shape).contiguous() for x in batch)

@@ -100,6 +100,7 @@ ROWS = (
     ZooRow("ppo/ant", 1_000_000, 1327.0, "Ant-v5"),
     ZooRow("ppo/swimmer", 1_000_000, 282.0, "Swimmer-v5", zoo_settings=ZOO_SWIMMER),
     ZooRow("ppo/minigrid", 60_000, None, "MiniGrid-Empty-5x5-v0"),
+    ZooRow("ppo/frozenlake", 300_000, None, "FrozenLake-v1"),
     ZooRow("a2c/cartpole", 500_000, 500.0, "CartPole-v1"),
     ZooRow("impala/cartpole", 120_000, None, "CartPole-v1"),
     ZooRow("impala/lunarlander", 4_000_000, None, "LunarLander-v3"),  # the config's own budget

@@ -46,7 +46,7 @@ def train(
         env_mode: str | None = None, normalize_obs: bool | None = None, normalize_reward: bool | None = None,
         obs_clip: float | None = None, reward_clip: float | None = None, time_feature: bool | None = None,
         frame_skip: int | None = None, frame_stack: int | None = None, noop_max: int | None = None,
-        episodic_life: bool | None = None, clip_atari_reward: bool | None = None,
+        episodic_life: bool | None = None, clip_atari_reward: bool | None = None, env_timeout_s: float | None = None,
         # model
         hidden_sizes: list[int] | None = None, pi_sizes: list[int] | None = None, vf_sizes: list[int] | None = None,
         policy: str | type | None = None, activation: str | None = None, shared_trunk: bool | None = None,
@@ -97,7 +97,7 @@ def train(
       ``torch_threads``, ``deterministic``, ``resume``
     - environment: ``n_envs``, ``env_backend``, ``env_threads``, ``env_mode``, ``normalize_obs``,
       ``normalize_reward``, ``obs_clip``, ``reward_clip``, ``time_feature``, ``frame_skip``, ``frame_stack``,
-      ``noop_max``, ``episodic_life``, ``clip_atari_reward``
+      ``noop_max``, ``episodic_life``, ``clip_atari_reward``, ``env_timeout_s``
     - model: ``hidden_sizes``, ``pi_sizes``, ``vf_sizes``, ``policy``, ``activation``, ``shared_trunk``,
       ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``encoder``, ``amp``, ``compile``
     - algorithm (every algorithm): ``n_steps``, ``lr``, ``anneal_lr``, ``lr_floor``, ``adam_eps``, ``optimizer``,
@@ -269,8 +269,8 @@ class Run:
         return self._agent
 
 
-def load(path: str | os.PathLike, best: bool = False, env=None, device: str = "cpu", member: int | None = None,
-         policy=None) -> Agent:
+def load(path: str | os.PathLike, best: bool = False, env: str | type | Callable | None = None, device: str = "cpu",
+         member: int | None = None, policy: str | type | None = None) -> Agent:
     """The agent of a checkpoint file, or of a run directory's newest checkpoint (``best=True``: the
     ``EvalCallback``'s ``checkpoints/best.pt``). The checkpoint carries the env's observation and action spaces, so
     the agent acts (``act``, ``predict``) without building its env or importing its code; ``env`` overrides the env
@@ -354,6 +354,7 @@ class Agent:
             probe_spaces, cfg, "pass env= to fastrl.load to name the env this agent acts in")
         self.observation_space, self.action_space = spaces
         form = observation_format(self.observation_space, cfg.env)
+        self._layout = form.layout  # a Dict observation's packing, whatever the policy (a custom one has none)
         shape = (form.shape[0] + 1,) if cfg.time_feature else form.shape  # the time feature: one more entry
         spec = action_spec_of(self.action_space)
         self.observation_shape, self.observation_dtype, self.action_spec = shape, form.dtype, spec
@@ -385,7 +386,7 @@ class Agent:
                 raise UserError(f"act takes a TensorDict with an 'observation' entry (or an array, tensor or dict of "
                                 f"them); this one has {sorted(map(str, obs.keys()))}")
             obs = obs["observation"]
-        layout = getattr(self.policy, "layout", None)
+        layout = self._layout
         if isinstance(obs, dict) and layout is not None:  # a Dict observation: packed as the env packs it
             if any(part.key not in obs for part in layout):
                 raise UserError(f"the observation lacks {', '.join(p.key for p in layout if p.key not in obs)}; "

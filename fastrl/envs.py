@@ -484,11 +484,36 @@ def make_checked_env(env_id: str, make_one, kwargs: dict):
     """``make_one(**kwargs)``, which must return a gymnasium.Env (else a one-line UserError naming what it returned),
     inside the guard that reports the env's exceptions and wrong observation shapes."""
     import gymnasium
-    env = make_one(**kwargs)
+    try:
+        env = make_one(**kwargs)
+    except UserError:
+        raise
+    except Exception as e:  # the env's constructor (a space too large to allocate included): the user's code
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UserError(f"env {env_id!r} could not be built: {type(e).__name__}: {first[:120]}; fix the env's "
+                        "constructor (try it alone: gymnasium.make or calling the class)") from None
     if not isinstance(env, gymnasium.Env):
         raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
                         "gymnasium.Env; make it return an environment instance")
+    _check_spaces(env_id, env)
     return _env_guard()(env, env_id)
+
+
+def _check_spaces(env_id: str, env) -> None:
+    """One line for an env whose observation or action space is not a Gymnasium space, or leaves no action."""
+    import gymnasium
+    spaces = gymnasium.spaces
+    for name in ("observation_space", "action_space"):
+        space = getattr(env, name, None)
+        if not isinstance(space, spaces.Space):
+            raise UserError(f"env {env_id!r}: its {name} is {brief(space, 40)}, not a gymnasium space; set it to one "
+                            "(gymnasium.spaces.Box, Discrete, ...)")
+    actions = env.action_space
+    counts = ([int(actions.n)] if isinstance(actions, spaces.Discrete) else
+              np.asarray(actions.nvec).ravel().tolist() if isinstance(actions, spaces.MultiDiscrete) else [1])
+    if min(counts, default=1) < 1:
+        raise UserError(f"env {env_id!r}: its action space {brief(actions, 40)} leaves no action to take; give it at "
+                        "least one")
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:

@@ -4,7 +4,9 @@
 counting that env's steps; at that step ``HangingEnv`` hangs (sleeps for an hour), ``ExitingEnv`` ends its process
 (``FASTRL_EXIT_HOW``: ``os._exit`` or ``SystemExit``) and ``NaNObservationEnv`` returns a NaN observation;
 ``HangingResetEnv`` hangs in ``reset()``; ``WrongShapeEnv`` declares observations of shape (4,) but returns (3,) after the first
-episode starts; ``make_none`` and ``make_int`` are factories that return no env. ``touch_marker`` records that it
+episode starts; ``make_none`` and ``make_int`` are factories that return no env. Built wrong: ``InitFailsEnv`` raises in
+``__init__``, ``HugeSpaceEnv`` declares a 2**32 x 2**32 Box (numpy refuses its bounds on any machine),
+``NoActionEnv`` has a Discrete(0) action space, ``NotASpaceEnv`` a tuple for an observation space. ``touch_marker`` records that it
 was called (in the file ``FASTRL_MARKER``): a checkpoint naming it must never make fastrl call it.
 """
 import os
@@ -86,3 +88,25 @@ def touch_marker():
     with open(os.environ["FASTRL_MARKER"], "a") as f:
         f.write("called\n")
     return _Base()
+
+
+class InitFailsEnv(_Base):
+    def __init__(self):
+        raise RuntimeError("licence file not found")
+
+
+class HugeSpaceEnv(_Base):
+    def __init__(self):
+        super().__init__()
+        self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, (2**32, 2**32), np.float32)
+
+
+class NoActionEnv(_Base):
+    def __init__(self):
+        super().__init__()
+        self.action_space = gymnasium.spaces.Discrete(1)
+        self.action_space.n = np.int64(0)  # what Discrete(0) holds where Gymnasium lets it be built
+
+
+class NotASpaceEnv(_Base):
+    observation_space = (4,)

@@ -180,8 +180,11 @@ def test_hung_actor_is_killed_and_restarted_and_the_learner_goes_on():
         assert trainer.pool.hung_restarts == 1 and trainer.pool.restarts == 1
         assert trainer.iteration > iterations_at_freeze, "the other actor kept the learner going"
         assert not os.path.exists(f"/proc/{frozen}/status") or "zombie" in open(f"/proc/{frozen}/status").read()
-        new_pid = trainer.pool.procs[0].pid
-        assert new_pid != frozen
+        deadline = time.monotonic() + 60
+        while trainer.pool.procs[0].pid == frozen and time.monotonic() < deadline:
+            assert trainer.collect()  # the restart waits out its back-off (RESTART_BACKOFF_S) meanwhile
+            trainer.update()
+        assert trainer.pool.procs[0].pid != frozen
         rollouts = float(trainer.pool.stats[0, 1])
         deadline = time.monotonic() + 60
         while float(trainer.pool.stats[0, 1]) == rollouts and time.monotonic() < deadline:

@@ -75,6 +75,20 @@ def test_dict_observations_train_with_an_mlp_and_a_cnn(tmp_path):
     assert run.summary["eval_return_mean"] >= 5.0, run.summary  # random: 2 of 8
 
 
+def test_a_custom_policy_on_dict_observations_predicts_from_a_dict(tmp_path):
+    """The Dict observation is packed from the saved observation space, not from the policy: a custom policy (which
+    has no ``layout``) predicts from the env's own dict, one or a batch, as it acted in training."""
+    run = _train(DictMatch, tmp_path, policy=TinyPolicy, total_steps=256, eval_episodes=0)
+    agent = fastrl.load(run.run_dir, env=DictMatch, policy=TinyPolicy)
+    assert isinstance(agent.policy, TinyPolicy) and not hasattr(agent.policy, "layout")
+    obs = DictMatch.observation_space.sample()
+    packed = torch.cat([torch.as_tensor(obs["cue"]), torch.as_tensor(obs["frame"]).movedim(-1, 0).flatten().float()])
+    action, _ = agent.predict(obs, deterministic=True)
+    assert int(action) == int(agent.policy.act_deterministic(packed[None])[0])
+    batch = {key: np.stack([value] * 3) for key, value in obs.items()}
+    assert agent.predict(batch, deterministic=True)[0].tolist() == [int(action)] * 3
+
+
 def test_separate_policy_and_value_widths(tmp_path):
     run = _train(MultiMatch, tmp_path, total_steps=256, eval_episodes=0, pi_sizes=[32], vf_sizes=[16, 16])
     policy = run.agent.policy

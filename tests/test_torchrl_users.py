@@ -47,25 +47,26 @@ def test_env_workers_start_under_torchrl_spawn_without_main_guard(tmp_path):
     assert "STEPS 64" in result.stdout
 
 
-class ShapeOneOutputs:
+def _outputs_of_width(width: int):
     """CartPole whose step returns reward, terminated and truncated as tensors of shape ``[width]`` (width 1: as a
     TorchRL env registered into Gymnasium does)."""
-    width = 1
+    import gymnasium
 
-    def __new__(cls):
-        import gymnasium
+    class Wrapped(gymnasium.Wrapper):
+        def step(self, action):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            return (obs, torch.full((width,), float(reward)), torch.full((width,), terminated),
+                    torch.full((width,), truncated), info)
 
-        class Wrapped(gymnasium.Wrapper):
-            def step(self, action):
-                obs, reward, terminated, truncated, info = self.env.step(action)
-                return (obs, torch.full((cls.width,), float(reward)), torch.full((cls.width,), terminated),
-                        torch.full((cls.width,), truncated), info)
-
-        return Wrapped(gymnasium.make("CartPole-v1"))
+    return Wrapped(gymnasium.make("CartPole-v1"))
 
 
-class ShapeTwoOutputs(ShapeOneOutputs):
-    width = 2
+def shape_one_outputs():
+    return _outputs_of_width(1)
+
+
+def shape_two_outputs():
+    return _outputs_of_width(2)
 
 
 def _step_some(env_id, n_envs=2, steps=40):
@@ -82,7 +83,7 @@ def test_env_outputs_of_shape_one_are_squeezed():
     """Always pushing left ends CartPole within 40 steps: rewards come out [N] float32, flags [N] bool, and the
     episode statistics count the episodes (no broadcast error)."""
     from fastrl.envs import env_name
-    steps = _step_some(env_name(ShapeOneOutputs))
+    steps = _step_some(env_name(shape_one_outputs))
     assert all(s.reward.shape == (2,) and s.reward.dtype == torch.float32 for s in steps)
     assert all(s.terminated.shape == (2,) and s.terminated.dtype == torch.bool for s in steps)
     assert torch.stack([s.done for s in steps]).any(0).all()
@@ -99,8 +100,8 @@ def test_a_torchrl_env_registered_into_gymnasium_trains(tmp_path):
 
 def test_env_outputs_of_another_shape_are_refused_in_one_line():
     from fastrl.envs import env_name
-    message = one_line_error(_step_some, env_name(ShapeTwoOutputs))
-    assert "ShapeTwoOutputs" in message and "reward of shape (2,)" in message, message
+    message = one_line_error(_step_some, env_name(shape_two_outputs))
+    assert "shape_two_outputs" in message and "reward of shape (2,)" in message, message
 
 
 # --------------------------------------------------------------------------- agent.policy and act in TorchRL

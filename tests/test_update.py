@@ -16,7 +16,8 @@ import pytest
 import torch
 from torch.func import vmap
 
-from fastrl.compile import compile_cache_dir, compile_plan
+from fastrl.compile import (PLANNING_HORIZON_GRADIENT_STEPS, compile_cache_dir, compile_plan, steps_per_call,
+                            target_steps_per_call)
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
 from fastrl.models import make_agent
@@ -251,14 +252,15 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert empty == full
     assert [p.update for p in empty] == ["off", "default", "default"]
     assert compile_plan("auto", torch.device("cuda"), 0).update == "reduce-overhead"
-    long = 2 * 10**6  # long enough for the most steps per call (8)
-    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2).steps_per_call == 8
-    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=32).steps_per_call == 8
-    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=4).steps_per_call == 8
-    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=1).steps_per_call == 4
-    assert compile_plan("auto", cpu, long, n_epochs=5, n_minibatches=5).steps_per_call == 5
-    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=7).steps_per_call == 7
-    assert compile_plan("auto", cpu, long, n_epochs=10, n_minibatches=11).steps_per_call == 1
+    # steps_per_call's shapes at the most steps per call (8): whole epochs, else a divisor of the minibatches
+    assert steps_per_call(4, 2, 8) == 8 and steps_per_call(10, 32, 8) == 8 and steps_per_call(10, 4, 8) == 8
+    assert steps_per_call(4, 1, 8) == 4 and steps_per_call(5, 5, 8) == 5 and steps_per_call(10, 7, 8) == 7
+    assert steps_per_call(10, 11, 8) == 1
+    # a long run plans over PLANNING_HORIZON_GRADIENT_STEPS (fastrl.compile): 3 steps per call at most there
+    long = 2 * 10**6
+    assert target_steps_per_call(PLANNING_HORIZON_GRADIENT_STEPS) == 3
+    assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2).steps_per_call == steps_per_call(4, 2, 3) == 2
+    assert compile_plan("auto", cpu, long, n_epochs=5, n_minibatches=3).steps_per_call == 3
 
 
 def test_the_compile_cache_is_fastrls_even_after_torch_wrote_its_default(tmp_path, monkeypatch):
@@ -315,9 +317,10 @@ def test_steps_per_call_weighs_the_compile_against_the_calls():
     cpu = torch.device("cpu")
     per_call = {g: compile_plan("default", cpu, g, n_epochs=10, n_minibatches=32).steps_per_call
                 for g in (1_000, 15_360, 62_464, 156_250, 10**6, 10**8)}
-    assert per_call == {1_000: 1, 15_360: 1, 62_464: 2, 156_250: 2, 10**6: 4, 10**8: 8}
-    # 6 is the target at 1M steps; 32 minibatches allow 4 of them per call, 6 minibatches all 6
-    assert compile_plan("default", cpu, 10**6, n_epochs=10, n_minibatches=6).steps_per_call == 6
+    # from the planning horizon (200k gradient steps) on, the target stays 3: 32 minibatches allow 2 per call
+    assert per_call == {1_000: 1, 15_360: 1, 62_464: 2, 156_250: 2, 10**6: 2, 10**8: 2}
+    assert [target_steps_per_call(g) for g in (1_000, 62_464, 156_250, 10**6)] == [1, 2, 3, 6]
+    assert compile_plan("default", cpu, 10**6, n_epochs=10, n_minibatches=6).steps_per_call == 3
     assert compile_plan("auto", cpu, 15_360).update == "off"  # one agent: eager below 20k steps
     assert compile_plan("auto", cpu, 11_680, members=3).update == "default"  # a population compiles from 10k
     assert compile_plan("auto", cpu, 7_800, members=3).update == "off"

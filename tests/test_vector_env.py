@@ -100,7 +100,7 @@ def test_a_callable_making_a_vector_env_is_called_once_and_its_env_closed(tmp_pa
     (lambda: fixed_length_pair(autoreset_mode=gymnasium.vector.AutoresetMode.DISABLED), {}, "mode DISABLED"),
     (fixed_length_pair, {"n_envs": 8}, "n_envs=8 but the vector env holds 2 envs"),
     (fixed_length_pair, {"eval_episodes": 3}, "no separate envs to evaluate on"),
-    (lambda: object(), {}, "env must be an env id, a gymnasium.Env subclass or a zero-argument factory"),
+    (lambda: object(), {}, "not a class or function; name a gymnasium.Env subclass or a zero-argument factory"),
 ])
 def test_what_cannot_run_is_one_line(tmp_path, make, overrides, message):
     env = make()
