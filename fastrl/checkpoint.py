@@ -196,15 +196,19 @@ def load_checkpoint(target: str | Path) -> dict:
     raise UserError(f"checkpoint {path} is corrupted or truncated ({why}), and {others}: start a new run")
 
 
+def misfit(error: BaseException) -> str:
+    """The line of a ``load_state_dict`` error that says what does not fit (a size mismatch, a missing key)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    return next((line for line in lines if "mismatch" in line or "key" in line.lower()), lines[0])
+
+
 def load_weights(model: torch.nn.Module, weights, where: str) -> None:
     """``model.load_state_dict(weights)``, or a one-line UserError when the checkpoint's weights do not fit the model
     its config builds."""
     try:
         model.load_state_dict(weights)
     except (RuntimeError, KeyError, ValueError, TypeError, AttributeError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        detail = next((line for line in lines if "mismatch" in line or "key" in line.lower()), lines[0])
-        raise UserError(f"the weights of {where} do not fit the model its config builds ({detail[:200]}): the "
+        raise UserError(f"the weights of {where} do not fit the model its config builds ({misfit(e)[:200]}): the "
                         "file was altered or comes from another program; use another checkpoint") from None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import multiprocessing
 import os
 import signal
@@ -247,7 +248,14 @@ def _async_vector_env():
 
         def __init__(self, env_fns, timeout_s: float, **kwargs):
             self.timeout_s = timeout_s
-            super().__init__(env_fns, worker=functools.partial(_worker, parent_pid=os.getpid()), **kwargs)
+            # Forked workers inherit every object of a process that may have run other threads (compile workers,
+            # loggers): frozen, those are never traversed by a worker's garbage collector (the gc docs' advice for
+            # fork without exec; a worker once crashed collecting them in a long test process).
+            gc.freeze()
+            try:
+                super().__init__(env_fns, worker=functools.partial(_worker, parent_pid=os.getpid()), **kwargs)
+            finally:
+                gc.unfreeze()
 
         def reset(self, *, seed=None, options=None):
             self.reset_async(seed=seed, options=options)

@@ -169,12 +169,11 @@ def _finished_summary(run_dir) -> bool:
 
 def _load_resume_state(trainer, state: dict, run_dir) -> None:
     """Load a checkpoint into a freshly built trainer, or raise a one-line UserError when it cannot continue."""
+    from fastrl.checkpoint import misfit
     try:
         trainer.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        detail = next((line for line in lines if "mismatch" in line or "key" in line.lower()), lines[0])
-        raise UserError(f"the checkpoint of {run_dir} does not fit this run's model ({detail.rstrip('.')}): the "
+        raise UserError(f"the checkpoint of {run_dir} does not fit this run's model ({misfit(e).rstrip('.')}): the "
                         "architecture or the env's spaces differ; start a new run instead of resuming") from None
     if trainer.finished():
         if trainer.global_step < trainer.total_steps:
