@@ -7,6 +7,7 @@ Learning checks (``@pytest.mark.learning``) never hang on one seed: a learning t
 import math
 import os
 import statistics
+from pathlib import Path
 import warnings
 from collections.abc import Callable, Mapping
 
@@ -78,3 +79,17 @@ def median_of_seeds(run_fn: Callable, seeds=LEARNING_SEEDS) -> tuple:
     if isinstance(first, Mapping):
         return {key: _median([v[key] for v in values.values()]) for key in first}, values
     return _median(list(values.values())), values
+
+
+def descendant_pids(pid: int) -> set[int]:
+    """All descendants of ``pid`` (from /proc)."""
+    found, stack = set(), [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            kids = [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
+        except FileNotFoundError:
+            kids = []
+        found.update(kids)
+        stack.extend(kids)
+    return found

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from conftest import descendant_pids
 
 TESTS_DIR = Path(__file__).parent
 QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]
@@ -30,19 +31,6 @@ def _start(env_name: str, n_envs: int, run_dir: Path, *args, **extra):
                              "--n-envs", str(n_envs), "--run-dir", str(run_dir), *SMALL, *args], cwd=run_dir.parent,
                             env=_env(**extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # its own process group, as a shell gives a command
-
-
-def _descendants(pid: int) -> set[int]:
-    found, stack = set(), [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            kids = [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-        except FileNotFoundError:
-            kids = []
-        found.update(kids)
-        stack.extend(kids)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -76,8 +64,8 @@ def _assert_saved(run_dir: Path) -> dict:
 def _wait_for_workers(proc, n_envs: int) -> set[int]:
     """The run's worker processes (none with one env: it steps in the run's process), once started."""
     if n_envs > 1:
-        assert _wait_for(lambda: len(_descendants(proc.pid)) >= n_envs), proc.communicate(timeout=30)[1][-3000:]
-    return _descendants(proc.pid)
+        assert _wait_for(lambda: len(descendant_pids(proc.pid)) >= n_envs), proc.communicate(timeout=30)[1][-3000:]
+    return descendant_pids(proc.pid)
 
 
 @pytest.mark.parametrize("n_envs", [1, 2])

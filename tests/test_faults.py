@@ -17,22 +17,9 @@ import fastrl.checkpoint
 import fastrl.logger
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.train import main
+from conftest import descendant_pids
 
 QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]
-
-
-def _children(pid: int) -> set[int]:
-    """All descendants of ``pid`` (from /proc)."""
-    found, stack = set(), [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            kids = [int(c) for c in Path(f"/proc/{current}/task/{current}/children").read_text().split()]
-        except FileNotFoundError:
-            kids = []
-        found.update(kids)
-        stack.extend(kids)
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -66,7 +53,7 @@ def test_stop_signal_saves_flushes_and_exits_cleanly(tmp_path, signum):
                    "--progress", "false"], tmp_path)
     metrics = run_dir / "metrics.jsonl"
     assert _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3), proc.stderr.read()
-    children = _children(proc.pid)
+    children = descendant_pids(proc.pid)
     sent = time.time()
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
