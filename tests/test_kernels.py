@@ -77,19 +77,27 @@ def test_gae_keeps_float64_inputs_float64(backend):
 
 
 def test_gae_hand_computed():
-    # one env, 3 steps: a truncation at t=0 (bootstrap from next_value), a termination at t=2
-    reward = torch.tensor([[1.0], [0.0], [2.0]])
-    value = torch.tensor([[0.5], [1.0], [1.5]])
-    next_value = torch.tensor([[3.0], [1.5], [9.0]])
-    done = torch.tensor([[True], [False], [True]])
-    terminated = torch.tensor([[False], [False], [True]])
-    gamma, lam = 0.5, 0.5
-    a2 = 2.0 - 1.5
-    a1 = (0.0 + 0.5 * 1.5 - 1.0) + 0.25 * a2
-    a0 = 1.0 + 0.5 * 3.0 - 0.5
-    adv, target = kernels.gae(reward, value, next_value, done, terminated, gamma, lam)
-    torch.testing.assert_close(adv, torch.tensor([[a0], [a1], [a2]]))
-    torch.testing.assert_close(target, adv + value)
+    """T=5, N=2, gamma=0.9, lam=0.8 (gamma*lam = 0.72); next_value[t] = V(obs after step t).
+    env 0: terminated at t=1, its reset step at t=2; env 1: truncated at t=2, its reset step at t=3.
+    delta_t = r_t + g(1-term_t) nv_t - v_t,  A_t = delta_t + g*l*(1-done_t) A_{t+1}:
+    env 0: delta = [1+.36-.5, 1+0-.4, 0+.54-.3, 1+.63-.6, 1+.72-.7] = [.86, .6, .24, 1.03, 1.02]
+           A4 = 1.02; A3 = 1.03+.72*1.02 = 1.7644; A2 = .24+.72*1.7644 = 1.510368 (reset step)
+           A1 = .6 (terminated: no bootstrap, trace cut, the reset step does not leak); A0 = .86+.72*.6 = 1.292
+    env 1: delta = [1+.9-1, 1+.9-1, 1+1.8-1, 0+.45-2, 1+1.35-.5] = [.9, .9, 1.8, -1.55, 1.85]
+           A4 = 1.85; A3 = -1.55+.72*1.85 = -.218 (reset step); A2 = 1.8 (truncated: bootstraps from nv=2, trace cut)
+           A1 = .9+.72*1.8 = 2.196; A0 = .9+.72*2.196 = 2.48112"""
+    value = torch.tensor([[0.5, 1.0], [0.4, 1.0], [0.3, 1.0], [0.6, 2.0], [0.7, 0.5]])
+    next_value = torch.tensor([[0.4, 1.0], [0.3, 1.0], [0.6, 2.0], [0.7, 0.5], [0.8, 1.5]])
+    reward = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    terminated = torch.zeros(5, 2, dtype=torch.bool)
+    truncated = torch.zeros(5, 2, dtype=torch.bool)
+    terminated[1, 0] = truncated[2, 1] = True
+    want = torch.tensor([[1.292, 2.48112], [0.6, 2.196], [1.510368, 1.8], [1.7644, -0.218], [1.02, 1.85]])
+    for backend in CPU_BACKENDS:
+        adv, target = kernels.gae(reward, value, next_value, terminated | truncated, terminated, 0.9, 0.8,
+                                  backend=backend)
+        torch.testing.assert_close(adv, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(target, want + value, rtol=0, atol=1e-5)
 
 
 def test_outputs_not_differentiable():
