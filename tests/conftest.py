@@ -57,6 +57,17 @@ def train_main(args) -> int:
         signal.signal(signal.SIGTERM, handlers[1])
 
 
+@pytest.fixture(scope="session")
+def one_iteration_run(tmp_path_factory):
+    """A finished CartPole-v1 run of 128 steps (one iteration of 4 envs x 32 steps) and its checkpoint, shared by
+    the tests that load or tamper with a real run: copy it before changing anything in it."""
+    run_dir = tmp_path_factory.mktemp("one_iteration") / "run"
+    assert train_main(["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "1",
+                       "--n-minibatches", "1", "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0",
+                       "--compile", "off", "--total-steps", "128", "--run-dir", str(run_dir), *QUIET]) == 0
+    return run_dir
+
+
 @pytest.fixture
 def quiet_flags():
     return list(QUIET)

@@ -16,8 +16,6 @@ from fastrl.checkpoint import list_checkpoints
 from fastrl.cli import main as cli
 from fastrl.config import CODE_KEYS, Config, UserError
 
-TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "1", "--n-minibatches", "1",
-        "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0", "--compile", "off"]
 SENTINEL = textwrap.dedent("""\
     import pathlib
     pathlib.Path(__file__).with_suffix(".imported").write_text("imported")
@@ -25,14 +23,6 @@ SENTINEL = textwrap.dedent("""\
     from fastrl.models import ActorCritic as Policy
     from gymnasium.envs.classic_control import CartPoleEnv as Env
 """)
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A finished run of 128 steps (one iteration), with its checkpoint."""
-    run_dir = tmp_path_factory.mktemp("names") / "run"
-    assert train_main(TINY + QUIET + ["--total-steps", "128", "--run-dir", str(run_dir)]) == 0
-    return run_dir
 
 
 @pytest.fixture
@@ -64,10 +54,10 @@ def _tampered(run_dir, tmp_path, key: str):
 
 
 @pytest.mark.parametrize("key", _string_keys())
-def test_no_config_key_of_a_checkpoint_imports_code(finished_run, tmp_path, sentinel, capsys, key):
+def test_no_config_key_of_a_checkpoint_imports_code(one_iteration_run, tmp_path, sentinel, capsys, key):
     """fastrl.load, fastrl eval and --resume of a checkpoint naming the sentinel module under ``key`` never import it;
     for a code key each refuses in one line naming the flag that would."""
-    run = _tampered(finished_run, tmp_path, key)
+    run = _tampered(one_iteration_run, tmp_path, key)
     try:
         fastrl.load(run)
     except UserError as e:
@@ -81,17 +71,17 @@ def test_no_config_key_of_a_checkpoint_imports_code(finished_run, tmp_path, sent
         assert len(errors) == 2 and all(f"--{key} fastrl_sentinel_mod:" in line for line in errors), errors
 
 
-def test_names_the_user_passes_are_imported_from_the_current_directory(finished_run, tmp_path, sentinel, capsys):
+def test_names_the_user_passes_are_imported_from_the_current_directory(one_iteration_run, tmp_path, sentinel, capsys):
     """What the checkpoint names is used once the user passes it: ``--env``/``--policy`` (module:Name, the current
     directory importable) and ``path/to/file.py:Name``."""
-    run = _tampered(finished_run, tmp_path, "env")
+    run = _tampered(one_iteration_run, tmp_path, "env")
     assert cli(["eval", str(run), "--episodes", "1", "--seeds", "1", "--max-steps", "50", "--env",
                 "fastrl_sentinel_mod:Env"]) == 0
     assert sentinel.exists()
     sub = tmp_path / "envs"
     sub.mkdir()
     (sub / "fastrl_file_env.py").write_text("from gymnasium.envs.classic_control import CartPoleEnv as MyEnv\n")
-    agent = fastrl.load(finished_run, env="envs/fastrl_file_env.py:MyEnv")
+    agent = fastrl.load(one_iteration_run, env="envs/fastrl_file_env.py:MyEnv")
     assert agent.config.env == "envs/fastrl_file_env.py:MyEnv"
     assert len(agent.evaluate(episodes=1, seeds=1)) == 1
     sys.modules.pop("fastrl_file_env", None)

@@ -15,9 +15,6 @@ from fastrl.checkpoint import checkpoint_path, contents_digest, list_checkpoints
 from fastrl.cli import main as cli
 from fastrl.config import make_config
 
-TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "1", "--n-minibatches", "1",
-        "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0", "--compile", "off"]
-
 
 def _state(step: int) -> dict:
     torch.manual_seed(step)
@@ -82,16 +79,9 @@ def test_a_checkpoint_written_before_checksums_still_loads(tmp_path):
     assert load_checkpoint(path)["global_step"] == 5
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("corrupt") / "run"
-    assert train_main(TINY + QUIET + ["--total-steps", "128", "--run-dir", str(run_dir)]) == 0
-    return run_dir
-
-
 @pytest.fixture
-def run_copy(finished_run, tmp_path):
-    return shutil.copytree(finished_run, tmp_path / "run")
+def run_copy(one_iteration_run, tmp_path):
+    return shutil.copytree(one_iteration_run, tmp_path / "run")
 
 
 @pytest.mark.parametrize("craft, needle", [

@@ -271,7 +271,7 @@ def test_fuzz_combinations_run_or_fail_in_one_line(overrides, world_size):
     (["--encoder", "nature_cnn"], "encoder=nature_cnn"),
     (["--env", "MiniGrid-Empty-5x5-v0", "--encoder", "nature_cnn"], "(3, 7, 7)"),
     (["--env", "Pong-v5", "--normalize-obs", "true"], "normalize_obs"),
-    (["--algo", "impala", "--n-epochs", "4"], "n_epochs"),
+    (["--algo", "impala", "--n-epochs", "4"], "n_epochs=4 does not apply to impala"),
     (["--algo", "ppo", "--n-actors", "4"], "n_actors"),
     (["--algo", "impala", "--compile", "default"], "compile"),
     (["--device", "cuda:x"], "device"),

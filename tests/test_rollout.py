@@ -67,13 +67,11 @@ def _assert_same_rollouts_close(eager, compiled):
             torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
 
 
-def test_compile_auto_plans_the_rollout_by_run_length(tmp_path, monkeypatch):
+def test_compile_auto_plans_the_rollout_by_run_length():
     """compile auto on CPU: the rollout step compiles only when the run has enough rollout steps to repay the
-    compile (fewer with the env fused in), judged from the config and shapes alone, whatever the on-disk cache holds;
-    CUDA graphs on CUDA."""
+    compile (fewer with the env fused in). That the plan ignores the cache, and CUDA's plan: tests/test_update.py."""
     from fastrl.compile import (CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS, CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan,
                                 compile_plan)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     cpu = torch.device("cpu")
     unfused, fused = CPU_ROLLOUT_COMPILE_MIN_STEPS, CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS
     assert fused < unfused
@@ -81,7 +79,4 @@ def test_compile_auto_plans_the_rollout_by_run_length(tmp_path, monkeypatch):
     assert compile_plan("auto", cpu, 0, rollout_steps=unfused).rollout == "default"
     assert compile_plan("auto", cpu, 0, rollout_steps=fused - 1, fused_rollout=True).rollout == "off"
     assert compile_plan("auto", cpu, 0, rollout_steps=fused, fused_rollout=True).rollout == "default"
-    (tmp_path / "marker").write_text("a filled cache")  # the plan never looks at the cache
-    assert compile_plan("auto", cpu, 0, rollout_steps=unfused - 1).rollout == "off"
-    assert compile_plan("auto", torch.device("cuda"), 0) == CompilePlan("reduce-overhead", "reduce-overhead", 1)
     assert compile_plan("off", cpu, 10**9, rollout_steps=10**9) == CompilePlan("off", "off", 1)

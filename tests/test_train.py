@@ -94,7 +94,7 @@ def test_resume_continues(tmp_path):
     records = _read_metrics(run_dir)
     assert [r["global_step"] for r in records] == [128, 256, 384, 512]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["total_steps"] == 512
+    assert summary["total_steps"] == 512 and summary["resumed_from_step"] == 256
     state = load_checkpoint(run_dir)
     assert state["global_step"] == 512 and state["iteration"] == 4
     assert state["config"]["n_envs"] == 4 and state["config"]["total_steps"] == 512  # from the checkpoint + the flag

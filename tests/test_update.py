@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch.func import vmap
 
-from fastrl.compile import (PLANNING_HORIZON_GRADIENT_STEPS, compile_cache_dir, compile_plan, steps_per_call,
-                            target_steps_per_call)
+from fastrl.compile import (PLANNING_HORIZON_GRADIENT_STEPS, CompilePlan, compile_cache_dir, compile_plan,
+                            steps_per_call, target_steps_per_call)
 from fastrl.config import make_config
 from fastrl.envs import ActionSpec
 from fastrl.models import make_agent
@@ -251,7 +251,8 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     full = [compile_plan("auto", cpu, steps, steps * 10) for steps in (10, 20_000, 10**6)]
     assert empty == full
     assert [p.update for p in empty] == ["off", "default", "default"]
-    assert compile_plan("auto", torch.device("cuda"), 0).update == "reduce-overhead"
+    assert compile_plan("auto", cpu, 0) == CompilePlan("off", "off", 1)
+    assert compile_plan("auto", torch.device("cuda"), 0) == CompilePlan("reduce-overhead", "reduce-overhead", 1)
     # steps_per_call's shapes at the most steps per call (8): whole epochs, else a divisor of the minibatches
     assert steps_per_call(4, 2, 8) == 8 and steps_per_call(10, 32, 8) == 8 and steps_per_call(10, 4, 8) == 8
     assert steps_per_call(4, 1, 8) == 4 and steps_per_call(5, 5, 8) == 5 and steps_per_call(10, 7, 8) == 7
