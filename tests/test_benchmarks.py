@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import envs_sps, peers, report, run
+from benchmarks.common import markdown_table
 
 
 # ---------------------------------------------------------------------------------------------- run.py
@@ -279,7 +280,11 @@ def test_peers_and_learning_end_to_end_tiny(tmp_path):
     for lib, (run_,) in entry["runs"].items():
         assert run_["total_steps"] <= 1024 and run_["curve"] and run_["sps"] > 0, lib
     learning = json.loads(learning_out.read_text())["results"][0]
-    assert learning["budget_steps"] == 1024 and learning["eval_return_median"] is not None
+    runs = learning["runs"]
+    assert learning["budget_steps"] == 1024 and len(runs) == learning["seeds"] >= 1
+    evals = [r["eval_return_mean"] for r in runs]  # one CartPole episode each: a whole episode length
+    assert all(r is not None and r == int(r) for r in evals), evals
+    assert learning["eval_return_median"] == statistics.median(evals), (learning["eval_return_median"], evals)
 
 
 def test_sb3_zoo_mapping_is_sb3s_settings_term_by_term():
@@ -431,7 +436,8 @@ def test_rollout_sps_tiny(tmp_path):
     for r in rows:
         assert r["rollout_over_raw"] > 0 and r["raw_sync_sps"]["median"] > 0 and r["raw_async_sps"]["median"] > 0
         assert r["raw_sps"] == r[f"raw_{r['mode']}_sps"] and r["rollout_sps"]["median"] > 0
-    report.rollout_section({"rollout": rows})  # the report still reads the rows
+    table = [row for row in _table_rows("\n".join(report.rollout_section({"rollout": rows}))) if row[0] == "CartPole-v1"]
+    assert [(row[1], row[4]) for row in table] == [("4", f"{r['rollout_over_raw']:.0%}") for r in rows], table
 
 
 def test_rollout_step_tiny(tmp_path):
@@ -458,7 +464,9 @@ def test_learner_tiny(tmp_path):
     data = json.loads(out.read_text())
     row = data["results"][0]
     assert row["eager_us"] > 0 and row["pure_eager_us"] > 0 and row["pure_func_us"] > 0
-    assert report.learner_section(data)
+    (table_row,) = [cells for cells in _table_rows("\n".join(report.learner_section(data))) if cells[0] == "mlp-64"]
+    assert table_row[2] == markdown_table(["x"], [[row["eager_us"]]]).splitlines()[-1].strip("| "), table_row
+    assert table_row[4] == markdown_table(["x"], [[row["pure_func_us"]]]).splitlines()[-1].strip("| "), table_row
 
 
 def test_population_step_tiny(tmp_path, capsys):
@@ -561,8 +569,11 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     assert "kept from an earlier run" in capsys.readouterr().out
     text, _ = report.render(out, out / "RESULTS.md")
     assert "ppo/cartpole" in text and "ppo/atari" in text
-    with pytest.raises(SystemExit):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
         zoo.main(["--configs", "ppo/atari"])  # a GPU config: refused, with the reason
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"not CPU zoo configs: ppo/atari (ppo/atari: {zoo.GPU_CONFIGS['ppo/atari']})" in err
 
 
 def test_zoo_waits_for_a_quiet_machine_before_a_row_and_gives_up_at_the_limit(monkeypatch):
@@ -696,9 +707,10 @@ def test_zoo_sb3_run_trains_sb3_at_the_rows_settings_and_scores_raw_returns():
     row = zoo.ZooRow("ppo/cartpole_zoo", 512, 500.0, "CartPole-v1", zoo_settings=(("normalize_reward", True),))
     result = zoo.train_sb3(row, 512, seed=2)
     assert result["steps"] >= 512 and result["seed"] == 2 and result["settings"] == {"normalize_reward": True}
-    # CartPole pays 1 a step: raw returns are whole episode lengths, at most 500, whatever the reward normalizer does
-    assert len(result["eval_returns"]) == 10
-    assert all(r == int(r) and 1 <= r <= 500 for r in result["eval_returns"])
+    # CartPole pays 1 a step: raw returns are whole episode lengths whatever the reward normalizer does (a normalized
+    # reward would make them fractions)
+    assert len(result["eval_returns"]) == 10 and all(r == int(r) for r in result["eval_returns"]), result["eval_returns"]
+    assert result["eval_mean"] == pytest.approx(statistics.mean(result["eval_returns"]))
 
 
 def test_report_lists_the_zoo_sb3_runs_beside_the_zoo_figure():

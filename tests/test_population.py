@@ -368,7 +368,8 @@ def test_population_run_writes_members_aggregates_rows_and_loads_each_member(tmp
     for member in summary["members"]:
         assert set(member) >= {"seed", "hyperparameters", "episode_return_mean", "eval_return_mean",
                                "steps_to_return", "time_to_return_s"}
-    for variant in summary["variants"]:  # two variants: aggregated per variant (tests/test_vary.py), over its seeds
+    assert [v["variant"] for v in summary["variants"]] == ["lr=0.001", "lr=0.0005"], summary["variants"]
+    for variant in summary["variants"]:  # aggregated per variant (tests/test_vary.py), over its seeds
         for key in ("eval_return_mean", "episode_return_mean"):
             agg = variant[key]
             assert set(agg) == {"n", "mean", "median", "std", "iqm", "iqm_ci95"} and agg["n"] == 2
@@ -396,9 +397,10 @@ def test_plot_draws_a_band_per_variant(tmp_path):
                        "--compile", "off", "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
     bands = member_bands(read_rows(run_dir))
     assert list(bands) == [""]
+    assert [b[0] for b in bands[""]] == list(range(64, 513, 64)), bands  # one point per iteration of 4 x 16 steps
     for step, _wall, mean, low, high in bands[""]:
         assert low <= mean <= high
-    assert [b[0] for b in bands[""]] == sorted(b[0] for b in bands[""])
+    assert any(low < high for *_, low, high in bands[""]), "a band over two members that differ has a width"
     assert plot_runs([run_dir], tmp_path / "curve.png").stat().st_size > 0
 
 

@@ -2,6 +2,7 @@
 (auto-reset mask, truncation, statistics) beside EnvPool's, determinism, torch.compile, and the config path. The
 rest of the suite: test_torch_classic.py."""
 import functools
+import math
 
 import gymnasium
 import numpy as np
@@ -218,10 +219,14 @@ def test_config_builds_the_torch_env_and_trains_one_iteration():
     from fastrl.train import Trainer
     trainer = Trainer(cfg)
     try:
+        before = [p.detach().clone() for p in trainer.agent.parameters()]
         trainer.collect()
-        metrics = trainer.update()
-        assert all(np.isfinite(v) for v in metrics.values() if isinstance(v, float))
-        assert trainer.env.env.backend == "torch"
+        metrics = {key: float(value) for key, value in trainer.update().items()}  # 0-d tensors
+        assert trainer.env.env.backend == "torch" and trainer.global_step == 4 * 16
+        losses = {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"}
+        assert losses <= metrics.keys() and all(math.isfinite(metrics[key]) for key in losses), metrics
+        assert metrics["losses/n_updates"] == cfg.n_epochs * cfg.n_minibatches and metrics["losses/nonfinite_updates"] == 0
+        assert any(not torch.equal(a, b) for a, b in zip(before, trainer.agent.parameters())), "the update moved nothing"
     finally:
         trainer.env.close()
 
