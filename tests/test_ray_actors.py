@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUIET, one_line_error
+from conftest import QUIET, median_of_seeds, one_line_error
 from fastrl.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,19 +280,25 @@ def _node_ids(cluster) -> dict:
 
 @pytest.mark.learning
 def test_learns_with_every_actor_on_the_actor_node(cluster, tmp_path):
-    """IMPALA CartPole (the tuned config: 2 actors x 16 envs) with both actors on the actor node reaches a
-    last-100-episode mean of 100 (random play: about 22), a threshold seeds 1-5 each reached here within 56k-67k
-    steps (5-7 s) of the 300k allowed."""
-    run_dir = tmp_path / "run"
-    proc = _train(cluster, run_dir, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
-                  "300000", "--stop-at-return", "100", "--eval-episodes", "0")
-    summary = _finished(proc, run_dir, timeout_s=240)
-    assert summary["reached_return"] and summary["episode_return_mean"] >= 100, summary
-    assert summary["actors"] == "ray" and summary["actor_restarts"] == summary["lost_rollouts"] == 0, summary
+    """IMPALA CartPole (the tuned config: 2 actors x 16 envs) with both actors on the actor node: the median seed
+    reaches a last-100-episode mean of 100 (random play: about 22), a threshold seeds 1-5 each reached here within
+    56k-67k steps (5-7 s) of the 300k allowed. Every seed's actors ran on the actor node, none restarted."""
+    summaries = {}
+
+    def learned(seed):
+        run_dir = tmp_path / f"seed{seed}"
+        proc = _train(cluster, run_dir, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
+                      "300000", "--stop-at-return", "100", "--eval-episodes", "0", "--seed", str(seed))
+        summaries[seed] = _finished(proc, run_dir, timeout_s=240)
+        return summaries[seed]["episode_return_mean"]
+    median, values = median_of_seeds(learned)
+    assert median >= 100, f"last-100-episode mean by seed {values}; random play scores about 22"
     actor_nodes = {node for node, resources in _node_ids(cluster).items() if "actor_node" in resources}
-    assert sorted(summary["actor_nodes"]) == ["0", "1"], summary["actor_nodes"]
-    for actor_id, nodes in summary["actor_nodes"].items():
-        assert nodes and set(nodes) <= actor_nodes, (actor_id, nodes, actor_nodes)
+    for seed, summary in summaries.items():
+        assert summary["actors"] == "ray" and summary["actor_restarts"] == summary["lost_rollouts"] == 0, summary
+        assert sorted(summary["actor_nodes"]) == ["0", "1"], (seed, summary["actor_nodes"])
+        for actor_id, nodes in summary["actor_nodes"].items():
+            assert nodes and set(nodes) <= actor_nodes, (seed, actor_id, nodes, actor_nodes)
 
 
 def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):
@@ -312,14 +318,23 @@ def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):
     trainer.ring.release = recording_release
     trainer.should_stop = lambda: False
     try:
-        while trainer.iteration < 60:
+        while trainer.iteration < 20:
+            assert trainer.collect()
+            trainer.update()
+        # The learner pauses while the actors fill the ring: the rollouts it then takes oldest first grow older by one
+        # update each, so from the third on they exceed max_policy_lag=1 and must be dropped.
+        deadline = time.monotonic() + 120  # a hang guard only
+        while np.count_nonzero(trainer.ring.state_np == FULL) < 4:
+            assert time.monotonic() < deadline, "the actors never filled 4 slots"
+            trainer.pool.check(wait_s=0.05)
+        while trainer.iteration < 40:
             assert trainer.collect()
             trainer.update()
         lags = [now - version for now, version in taken]
         assert min(lags) >= 0, "a rollout claims weights newer than the learner's"
         assert max(trainer.lags + [0]) <= cfg.max_policy_lag and trainer.lag_totals["max"] <= cfg.max_policy_lag
         stale = sum(lag > cfg.max_policy_lag for lag in lags)
-        assert stale == trainer.lag_totals["dropped"], (stale, trainer.lag_totals)
+        assert stale >= 2 and stale == trainer.lag_totals["dropped"], (stale, trainer.lag_totals)
         assert len(taken) == trainer.iteration * cfg.learner_batch + trainer.lag_totals["dropped"]
         waiting = int(np.count_nonzero(trainer.ring.state_np == FULL))
         assert trainer.pool.rollouts_received == len(taken) + waiting
@@ -369,10 +384,11 @@ def test_hung_actor_is_restarted_and_the_learner_goes_on(cluster):
         frozen = trainer.pool.pids[0]
         os.kill(frozen, signal.SIGSTOP)
         iterations = trainer.iteration
-        step_until(lambda: trainer.pool.hung_restarts == 1, 60, "the hung actor is detected")
+        # at least one: on a loaded machine the live actor may miss a 3 s heartbeat too, and is then restarted as well
+        step_until(lambda: trainer.pool.hung_restarts >= 1, 60, "the hung actor is detected")
         assert trainer.iteration > iterations, "the other actor kept the learner going"
         step_until(lambda: trainer.pool.pids[0] != frozen, 90, "the hung actor comes back")
-        assert trainer.pool.restarts == 1 and trainer.pool.lost_rollouts >= 1 and _zombie(frozen)
+        assert trainer.pool.restarts >= 1 and trainer.pool.lost_rollouts >= 1 and _zombie(frozen)
     finally:
         trainer.close()
         if frozen is not None and not _zombie(frozen):

@@ -143,7 +143,9 @@ def test_torchrun_restart_reopens_its_own_jobs_run_dir(tmp_path):
     go_b.touch()
     restarted_b = agent_b.stdout.readline().strip()
     agent_a.wait(timeout=60), agent_b.wait(timeout=60)
-    assert first_a != first_b and not first_a.startswith("error"), (first_a, first_b)
+    lines = (first_a, first_b, restarted_a, restarted_b)
+    assert all(line and not line.startswith("error") for line in lines), lines  # each worker agreed on a directory
+    assert first_a != first_b and (tmp_path / first_a).is_dir() and (tmp_path / first_b).is_dir(), lines
     assert (restarted_a, restarted_b) == (first_a, first_b)
 
 

@@ -109,11 +109,14 @@ def test_what_cannot_run_is_one_line(tmp_path, make, overrides, message):
     assert "\n" not in str(raised.value)
 
 
-def test_a_vector_env_name_from_another_process_is_one_line(tmp_path):
+def test_a_vector_env_name_from_another_process_is_one_line(tmp_path, capsys):
     from fastrl.cli import main
     code = main(["train", "--env", "vector:SyncVectorEnv#7", "--total-steps", "32", "--run-dir", str(tmp_path / "r"),
                  *QUIET])
-    assert code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert "env 'vector:SyncVectorEnv#7' was a vector env object of another process" in lines[0], lines
+    assert "pass the vector env itself" in lines[0] and not (tmp_path / "r").exists()
 
 
 def test_impala_with_a_vector_env_is_one_line(tmp_path):
