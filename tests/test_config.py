@@ -41,7 +41,7 @@ def test_coercion_of_strings_and_dashes():
                                              ("cuda", "device=cuda"), ("xyzzy", None)])
 def test_unknown_key_suggests(key, suggestion):
     message = one_line_error(make_config, {key: 1})
-    assert f"unknown config key {key!r}" in message, message
+    assert f"unknown config key {key.replace('-', '_')!r}" in message, message  # dashes read as underscores
     if suggestion:
         assert f"did you mean {suggestion}" in message, message
     else:  # nothing close: no guess, a pointer to the list of keys
