@@ -41,8 +41,14 @@ def test_one_name_per_metric_and_the_final_evaluation_row(runs):
         assert {"charts/episodic_return", "charts/episodic_length", "charts/episodes", "charts/SPS",
                 "charts/learning_rate", "time/elapsed_s", "losses/policy_loss"} <= row.keys(), row.keys()
         assert not {"sps", "episode_return_mean", "episode_length_mean", "episodes", "episode_window_full"} & row.keys()
-        assert 1 <= row["charts/episodic_length"] <= 500 and row["charts/episodes"] >= 1
         assert row["charts/episodic_return"] == row["charts/episodic_length"], "CartPole: +1 per step"
+        # under 100 episodes the window holds every finished episode: their steps are a whole number, at most the
+        # steps taken (the 4 envs' unfinished episodes hold the rest)
+        assert not row["charts/episode_window_full"] and row["charts/episodes"] >= 1, row
+        finished_steps = row["charts/episodes"] * row["charts/episodic_length"]
+        assert finished_steps == pytest.approx(round(finished_steps)) and finished_steps <= row["global_step"], row
+    episodes = [r["charts/episodes"] for r in training]
+    assert episodes == sorted(episodes), "charts/episodes counts every episode finished so far"
     elapsed = [r["time/elapsed_s"] for r in training]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     assert [r["global_step"] for r in rows if "eval/return_mean" in r] == [256, 512, 512]  # periodic x2, final

@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 
+import fastrl
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
 from fastrl.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.train import Trainer, config_from_cli, main
@@ -71,7 +72,10 @@ def test_run_dir_contents(base_run):
     summary = json.loads((base_run / "summary.json").read_text())
     assert SUMMARY_KEYS <= summary.keys()
     assert summary["total_steps"] == 384 and summary["sps"] > 0 and summary["wall_time_s"] > 0
-    assert 1 <= summary["eval_return_mean"] <= 500, "a CartPole-v1 return is an episode length, 1 to 500"
+    # the final evaluation (2 episodes on each of 5 seeds), replayed by the saved agent: the same returns
+    replay = fastrl.load(base_run).evaluate(episodes=2, seeds=5)
+    assert replay.shape == (10,) and all(r == int(r) for r in replay), replay  # CartPole: whole episode lengths
+    assert (replay.mean(), replay.std()) == pytest.approx((summary["eval_return_mean"], summary["eval_return_std"]))
     assert (summary["algo"], summary["env"], summary["seed"], summary["iterations"]) == ("ppo", "CartPole-v1", 3, 3)
     assert (summary["resumed_from_step"], summary["rollbacks"], summary["reached_return"]) == (0, 0, False)
     assert summary["steps_to_return"] is None and summary["time_to_return_s"] is None
@@ -160,7 +164,10 @@ def test_continuous_actions_with_normalizers_and_resume(tmp_path):
               "--normalize-obs", "true", "--normalize-reward", "true", "--torch-threads", "1", "--device", "cpu"]
     _main(common + QUIET + ["--total-steps", "256", "--eval-episodes", "2", "--run-dir", str(run_dir)])
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["total_steps"] == 256 and summary["eval_return_mean"] < 0  # Pendulum returns are negative
+    assert summary["total_steps"] == 256
+    # the saved agent, its observation normalizer frozen, replays the final evaluation (2 episodes x 5 seeds)
+    replay = fastrl.load(run_dir).evaluate(episodes=2, seeds=5)
+    assert replay.mean() == pytest.approx(summary["eval_return_mean"], rel=1e-9), (replay, summary)
     state = load_checkpoint(run_dir)
     obs_rms, return_rms = state["normalizer"]["obs_rms"], state["normalizer"]["return_rms"]
     assert obs_rms["mean"].shape == (3,) and obs_rms["var"].shape == (3,)
