@@ -92,6 +92,21 @@ def median_of_seeds(run_fn: Callable, seeds=LEARNING_SEEDS) -> tuple:
     return _median(list(values.values())), values
 
 
+class ManualClock:
+    """The ``time`` module with ``perf_counter`` under the test's control (``now``, seconds): put it in place of a
+    module's ``time`` so a throttle or an elapsed-time figure does not depend on how busy the machine is."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        import time
+        return getattr(time, name)
+
+
 def descendant_pids(pid: int) -> set[int]:
     """All descendants of ``pid`` (from /proc)."""
     found, stack = set(), [pid]

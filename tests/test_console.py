@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 
+from conftest import ManualClock
 from fastrl.config import make_config
 from fastrl.console import adjustments
 from fastrl.logger import ProgressLines, RunLogger
@@ -30,18 +31,25 @@ def test_adjustments_name_the_rounded_budget_and_ignored_atari_settings():
 
 @pytest.mark.parametrize("progress, quiet, lines", [(True, False, True), (False, False, True), (False, True, False),
                                                     (True, True, False)])
-def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys, progress, quiet, lines):
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys, monkeypatch, progress, quiet, lines):
+    import fastrl.logger
+    clock = ManualClock()
+    monkeypatch.setattr(fastrl.logger, "time", clock)  # the 2 s throttle reads this clock, not the machine's speed
     logger = RunLogger(tmp_path, {"quiet": quiet}, 4096, tensorboard=False, wandb_mode="disabled", progress=progress)
+    clock.now += 1.0
     logger.progress(1024, {"sps": 100, "return": 9.5})
+    clock.now += 1.9
     logger.progress(2048, {"sps": 100, "return": 10.0})  # within 2 s of the last line: not shown
+    clock.now += 0.2
+    logger.progress(3072, {"sps": 100, "return": 10.5})  # 2.1 s after it: shown
     logger.progress(4096, {"sps": 100, "return": 11.25})  # the last step: always shown
     logger.close()
     err = capsys.readouterr().err
     assert "\r" not in err
     if lines:
-        shown = err.splitlines()
-        assert len(shown) == 2 and shown[0].startswith("fastrl: step 1,024/4,096 (25.0%) sps 100 return 9.5 (")
-        assert shown[1].startswith("fastrl: step 4,096/4,096 (100.0%) sps 100 return 11.25 (")
+        assert err.splitlines() == ["fastrl: step 1,024/4,096 (25.0%) sps 100 return 9.5 (1 s)",
+                                    "fastrl: step 3,072/4,096 (75.0%) sps 100 return 10.5 (3 s)",
+                                    "fastrl: step 4,096/4,096 (100.0%) sps 100 return 11.25 (3 s)"], err
     else:
         assert err == ""
 

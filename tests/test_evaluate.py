@@ -3,6 +3,7 @@ first episodes only, truncation at ``max_steps``. Exact checks: a fixed policy, 
 import pytest
 import torch
 
+from conftest import ManualClock
 from fastrl.config import make_config
 from fastrl.envs import make_env
 from fastrl.evaluate import eval_seed, evaluate, evaluate_per_seed, play_first_episodes
@@ -153,7 +154,9 @@ def test_stop_signal_ends_the_evaluation_between_two_steps():
 
 def test_a_labelled_evaluation_reports_progress(capsys, monkeypatch):
     import sys
-    monkeypatch.setattr(sys.modules["fastrl.evaluate"], "PROGRESS_EVERY_S", 0.0)  # the module, not fastrl.evaluate()
+    module = sys.modules["fastrl.evaluate"]  # the module, not fastrl.evaluate()
+    monkeypatch.setattr(module, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(module, "time", ManualClock())  # no time passes: "(0 s)" whatever the machine's speed
     evaluate(LeanPolicy(BALANCING), _cfg(), None, 2, 1, CPU, max_steps=3, label="final evaluation")
     lines = capsys.readouterr().err.splitlines()
     assert lines[:2] == ["fastrl: final evaluation: 0/2 episodes done after 1 steps (0 s)",

