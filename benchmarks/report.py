@@ -197,32 +197,28 @@ def impala_section(report: dict) -> list:
 
 
 def learner_section(report: dict) -> list:
-    per_call = report.get("steps_per_call", "k")
     k = report.get("members") or "K"
     population = f"K={k} µs/member-step" if report.get("members") else "K members µs/member-step"
 
     def us(r, key):
         return r.get(key) if r.get(key) is not None else "-"
-    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), us(r, "pure_func_us"),
-             r["compiled_us"], us(r, "compiled_no_guards_us"), us(r, "compiled_k_us"),
-             f"{r['speedup_k']:.2f}x" if r.get("speedup_k") else "-", us(r, "population_us"),
+    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), r["compiled_us"],
+             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", us(r, "population_us"),
              (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
     lines = [f"One PPO minibatch gradient step (gather, forward, loss, backward, clip, Adam), µs: the torch.optim twin "
-             f"(CleanRL's step, fused Adam), the pure update (`fastrl/update.py`) eagerly through the bound module and "
-             f"through torch.func, compiled one step per call with guard evaluation and with guards skipped (the "
-             f"trainer's stance from its second iteration), compiled {per_call} steps per call (the whole default "
-             f"update in one call; speed-up over torch.optim), and {k} members vmapped in one compiled call (µs per "
-             f"member-step). `python -m benchmarks.learner`, median of {report.get('repeats', '?')} samples. "
-             f"({_when(report)})", "",
-             markdown_table(["case", "minibatch", "torch.optim µs", "pure eager µs", "torch.func µs", "compiled µs",
-                             "no guards µs", f"{per_call}/call µs", "speed-up", population, "load (1 min)"], rows)]
+             f"(CleanRL's step, fused Adam) against `fastrl.trainer.Trainer.update()` per step, eager (`--compile "
+             f"off`) and compiled (`--compile {report.get('mode', 'default')}`, the trainer's own compile plan; "
+             f"speed-up over torch.optim), and {k} members (`--n-seeds {k}`, µs per member-step). `python -m "
+             f"benchmarks.learner`, median of {report.get('repeats', '?')} samples. ({_when(report)})", "",
+             markdown_table(["case", "minibatch", "torch.optim µs", "trainer eager µs", "trainer compiled µs",
+                             "speed-up", population, "load (1 min)"], rows)]
     if report.get("compile"):
-        rows = [[c["case"], c.get("steps_per_call", 1), c["cold_s"], c["warm_s"], c["cold_process_s"],
-                 c["warm_process_s"]] for c in report["compile"]]
-        lines += ["", "Compile time of the compiled call's first call, by minibatch steps per call: a cold and a warm "
+        rows = [[c["case"], c["cold_s"], c["warm_s"], c["cold_process_s"], c["warm_process_s"]]
+                for c in report["compile"]]
+        lines += ["", "Seconds of the compiled trainer's first update (compile and its steps): a cold and a warm "
                       "inductor cache.", "",
-                  markdown_table(["case", "steps/call", "cold compile s", "warm compile s", "cold process s",
-                                  "warm process s"], rows)]
+                  markdown_table(["case", "cold compile s", "warm compile s", "cold process s", "warm process s"],
+                                 rows)]
     return lines
 
 
