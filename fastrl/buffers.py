@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from fastrl.envs import ActionSpec
-from fastrl.lazy_dynamo import import_tensordict
+from fastrl._startup import import_tensordict
 
-TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
+TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl._startup
 
 
 def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_spec: ActionSpec,

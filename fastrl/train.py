@@ -30,6 +30,7 @@ import json  # noqa: E402
 import threading  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
+from fastrl._startup import end_startup_gc_pause, pause_collector, settle_collection_for_exit  # noqa: E402
 from fastrl.config import Config, UserError  # noqa: E402
 from fastrl.run_config import config_from_cli  # noqa: E402
 
@@ -130,39 +131,10 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
 
 
 # --------------------------------------------------------------------------- the command line's process
-# Start-up (importing torch and EnvPool, building the trainer) makes about a million objects that live as long as the
-# process, and no garbage: Python's full collections among them cost about 0.2 s there and free nothing, and the
-# interpreter's last collection at exit walks them all again (about 0.3 s). So when this module's main is the process
-# (``python -m fastrl.train``, ``fastrl train``), the collector pauses until the run loop starts, what exists then is
-# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit (where Triton's
-# nanobind bindings are loaded, everything is unfrozen instead: ``settle_collection_for_exit``). Called from Python
-# (tests, the API), main changes nothing about the caller's collector.
-_STARTUP_GC = {"paused": False}
-
-
-def _nanobind_loaded() -> bool:
-    """Whether a nanobind extension is loaded (Triton's, which torchrl and parts of torch import). nanobind reports
-    every object of its own still alive at exit as a leak, a screen of stderr, and frozen objects are never collected;
-    its objects can also end up held by containers frozen before it loaded."""
-    return "triton" in sys.modules
-
-
-def settle_collection_for_exit() -> None:
-    """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where nanobind
-    is loaded, unfreeze everything instead, so that collection frees its objects as it would have."""
-    import gc
-    if _nanobind_loaded():
-        gc.unfreeze()
-    else:
-        gc.freeze()
-
-
 def run_as_process(main_function, *args) -> int:
-    """``main_function(*args)`` as the whole process's work: returns its exit status, the collector as above."""
-    import gc
-    if gc.isenabled():
-        gc.disable()
-        _STARTUP_GC["paused"] = True
+    """``main_function(*args)`` as the whole process's work: returns its exit status. The collector pauses for the
+    start-up and everything is settled before the exit (``fastrl._startup``)."""
+    pause_collector()
     try:
         status = main_function(*args)
     finally:
@@ -174,15 +146,6 @@ def run_as_process(main_function, *args) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
-
-
-def end_startup_gc_pause() -> None:
-    """The run loop starts: the collector runs again (if ``run_as_process`` paused it), over new objects only."""
-    if _STARTUP_GC["paused"]:
-        import gc
-        _STARTUP_GC["paused"] = False
-        gc.freeze()
-        gc.enable()
 
 
 # --------------------------------------------------------------------------- Ctrl-C on the command line

@@ -1,4 +1,4 @@
-"""Start-up cost guards: what the default path imports, and the deferred compiler marks of ``fastrl.lazy_dynamo``.
+"""Start-up cost guards: what the default path imports, and the deferred compiler marks of ``fastrl._startup.import_tensordict``.
 
 Each check runs in a fresh interpreter, since ``sys.modules`` is what it looks at."""
 import json
@@ -40,7 +40,7 @@ _MARKS = (
 
 
 def test_tensordict_through_lazy_dynamo_loads_no_dynamo_and_gets_the_same_marks_once_dynamo_loads():
-    deferred = _python("import json, sys; from fastrl.lazy_dynamo import import_tensordict; import_tensordict(); "
+    deferred = _python("import json, sys; from fastrl._startup import import_tensordict; import_tensordict(); "
                        "assert 'torch._dynamo' not in sys.modules, 'dynamo loaded with tensordict'; " + _MARKS)
     plain = _python("import json, tensordict; " + _MARKS)
     assert json.loads(deferred) == json.loads(plain) == [[True, True, True], [True, True]]
@@ -50,7 +50,7 @@ def test_envpool_loads_without_jumanji_code_or_matplotlib_and_a_jumanji_env_stil
     """``import_envpool`` leaves ``envpool.jumanji``'s code (its renderer imports matplotlib.pyplot) for the first
     Jumanji env: every id is still registered, and making one runs the package's code then."""
     out = _python(
-        "import json, sys; from fastrl.envs import import_envpool; envpool = import_envpool(); "
+        "import json, sys; from fastrl._startup import import_envpool; envpool = import_envpool(); "
         "before = ['matplotlib' in sys.modules, 'envpool.jumanji.jumanji_render' in sys.modules, "
         "'Game2048-v1' in envpool.list_all_envs()]; "
         "env = envpool.make('Game2048-v1', env_type='gymnasium', num_envs=2, seed=1); obs, _ = env.reset(); "
