@@ -145,10 +145,10 @@ def _defer_package(name: str):
 
 # --------------------------------------------------------------------------- the collector during start-up
 # Start-up (importing torch and EnvPool, building the trainer) makes about a million objects that live as long as the
-# process, and no garbage: Python's full collections among them cost about 0.2 s there and free nothing, and the
-# interpreter's last collection at exit walks them all again (about 0.3 s). So when fastrl.train's main is the process
-# (``python -m fastrl.train``, ``fastrl train``: ``run_as_process``), the collector pauses until the run loop starts, what exists then is
-# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit (where Triton's
+# process, and no garbage: Python's full collections among them free nothing, and the interpreter's last collection
+# at exit walks them all again. So when fastrl.train's main is the process (``python -m fastrl.train``, ``fastrl
+# train``: ``run_as_process``), the collector pauses until the run loop starts, what exists then is frozen
+# (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit (where Triton's
 # nanobind bindings are loaded, everything is unfrozen instead: ``settle_collection_for_exit``). Called from Python
 # (tests, the API), main changes nothing about the caller's collector.
 _STARTUP_GC = {"paused": False}

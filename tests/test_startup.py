@@ -1,4 +1,5 @@
-"""Start-up cost guards: what the default path imports, and the deferred compiler marks of ``fastrl._startup.import_tensordict``.
+"""Start-up cost guards: what the default path imports, and the deferred compiler marks of
+``fastrl._startup.import_tensordict``.
 
 Each check runs in a fresh interpreter, since ``sys.modules`` is what it looks at."""
 import json
