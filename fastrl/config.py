@@ -116,7 +116,8 @@ class Config:
     """Every knob of a run. ``Config()`` is the embedded default: PPO on CartPole-v1, tuned for wall-clock time to a
     last-100 mean of 475 on a 2-core CPU (large batch, few gradient steps, no value clipping; configs/ppo/cartpole.yaml
     holds the same values and says how they were chosen). Other algorithms start from ``ALGO_DEFAULTS[algo]`` over
-    these (``make_config``)."""
+    these (``make_config``). Passed to ``fastrl.train(config=...)``, a Config sets the fields that differ from
+    ``Config()``, and those lie over the env's tuned config as flags do (``fastrl.run_config``)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
