@@ -30,7 +30,6 @@ import json  # noqa: E402
 import threading  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from fastrl._startup import end_startup_gc_pause, pause_collector, settle_collection_for_exit  # noqa: E402
 from fastrl.config import Config, UserError  # noqa: E402
 from fastrl.run_config import config_from_cli  # noqa: E402
 
@@ -120,7 +119,6 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
                 rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
                 mark_running(run_dir, trainer.global_step)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
-        end_startup_gc_pause()
         summary = run_loop(trainer, run_dir, dist_info, callbacks)
         finished = True
         return summary
@@ -132,13 +130,8 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
 
 # --------------------------------------------------------------------------- the command line's process
 def run_as_process(main_function, *args) -> int:
-    """``main_function(*args)`` as the whole process's work: returns its exit status. The collector pauses for the
-    start-up and everything is settled before the exit (``fastrl._startup``)."""
-    pause_collector()
-    try:
-        status = main_function(*args)
-    finally:
-        settle_collection_for_exit()
+    """``main_function(*args)`` as the whole process's work: returns its exit status."""
+    status = main_function(*args)
     if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and _STARTUP_INTERRUPT.get("cut_imports"):
         # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
