@@ -57,7 +57,7 @@ def _when(report: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------- tables
 def peers_section(report: dict) -> list:
-    from benchmarks.peers import peers_table
+    from benchmarks.peers_learning import peers_table
     return [f"Peers: fastrl (EnvPool envs) and Stable-Baselines3 (Gymnasium DummyVecEnv) with the same "
             f"hyperparameters, each run stopped when the mean return of its last 100 episodes reaches the threshold "
             f"(or at the budget). Medians over {report.get('seeds', '?')} seed(s); "
@@ -70,11 +70,11 @@ def _threads(report: dict) -> str:
 
 
 def sb3_zoo_section(report: dict) -> list:
-    from benchmarks.peers import sb3_table
+    from benchmarks.peers_sb3 import sb3_table
     entry = report["result"]
     return [f"SB3 like for like: both libraries at the [rl-baselines3-zoo]({report.get('zoo_source', '')}) PPO "
             f"settings for CartPole-v1 (lr and clip range annealed linearly to 0, no value clipping; fastrl's "
-            f"mapping: `fastrl_from_sb3` in benchmarks/peers.py), each run stopped when the mean return of its last "
+            f"mapping: `fastrl_from_sb3` in benchmarks/peers_sb3.py), each run stopped when the mean return of its last "
             f"100 episodes reaches {entry['threshold']:g}, checked after every update on both sides; budget "
             f"{entry['budget_steps']:,} steps. Medians over {report.get('seeds', '?')} seed(s), {_threads(report)}; "
             f"training seconds from the first rollout (fastrl[compiled]: its compile included, from a warm cache). "
@@ -82,7 +82,7 @@ def sb3_zoo_section(report: dict) -> list:
 
 
 def sb3_default_section(report: dict) -> list:
-    from benchmarks.peers import sb3_table
+    from benchmarks.peers_sb3 import sb3_table
     entry = report["result"]
     return [f"Steps/s at SB3's default PPO hyperparameters (`PPO(\"MlpPolicy\", env)`, "
             f"{entry['sb3_hyperparameters']['n_envs']} env, n_steps 2048, minibatch 64, 10 epochs) on CartPole-v1, a "
@@ -92,13 +92,13 @@ def sb3_default_section(report: dict) -> list:
 
 
 def rejax_section(report: dict) -> list:
-    from benchmarks.peers import rejax_table
+    from benchmarks.peers_rejax import rejax_table
     entry = report["result"]
     return [f"The JAX peer: rejax PPO with [its CartPole-v1 config]({entry.get('rejax_source', '')}) "
             f"({entry['rejax_config']['num_envs']} envs x {entry['rejax_config']['num_steps']} steps, "
             f"{entry['rejax_config']['num_epochs']} epochs, {entry['rejax_config']['num_minibatches']} minibatches, "
             f"{entry['budget_steps']:,} steps), jitted end to end on the CPU (XLA flags `{report.get('xla_flags', '')}`), "
-            f"and fastrl at the same config (`fastrl_from_rejax` in benchmarks/peers.py). Both evaluate "
+            f"and fastrl at the same config (`fastrl_from_rejax` in benchmarks/peers_rejax.py). Both evaluate "
             f"{entry['eval_episodes']} sampled episodes every {entry['eval_every_steps']:,} steps; the training seconds "
             f"to the first evaluation >= {entry['threshold']:g} leave the evaluations out (rejax: steps / its "
             f"training steps/s). Medians over {report.get('seeds', '?')} seed(s), {_threads(report)}. "
@@ -106,7 +106,7 @@ def rejax_section(report: dict) -> list:
 
 
 def learning_section(report: dict) -> list:
-    from benchmarks.peers import learning_table
+    from benchmarks.peers_learning import learning_table
     return [f"Learning: fastrl at the rl-baselines3-zoo's step budgets, beside the zoo's published score "
             f"([benchmark.md]({report.get('zoo_source', '')}); one agent, deterministic evaluation). fastrl: "
             f"deterministic evaluation over {report['results'][0]['eval_episodes'] if report['results'] else '?'} "
@@ -197,32 +197,28 @@ def impala_section(report: dict) -> list:
 
 
 def learner_section(report: dict) -> list:
-    per_call = report.get("steps_per_call", "k")
     k = report.get("members") or "K"
     population = f"K={k} µs/member-step" if report.get("members") else "K members µs/member-step"
 
     def us(r, key):
         return r.get(key) if r.get(key) is not None else "-"
-    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), us(r, "pure_func_us"),
-             r["compiled_us"], us(r, "compiled_no_guards_us"), us(r, "compiled_k_us"),
-             f"{r['speedup_k']:.2f}x" if r.get("speedup_k") else "-", us(r, "population_us"),
+    rows = [[r["case"], r["minibatch"], r["eager_us"], us(r, "pure_eager_us"), r["compiled_us"],
+             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", us(r, "population_us"),
              (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
     lines = [f"One PPO minibatch gradient step (gather, forward, loss, backward, clip, Adam), µs: the torch.optim twin "
-             f"(CleanRL's step, fused Adam), the pure update (`fastrl/update.py`) eagerly through the bound module and "
-             f"through torch.func, compiled one step per call with guard evaluation and with guards skipped (the "
-             f"trainer's stance from its second iteration), compiled {per_call} steps per call (the whole default "
-             f"update in one call; speed-up over torch.optim), and {k} members vmapped in one compiled call (µs per "
-             f"member-step). `python -m benchmarks.learner`, median of {report.get('repeats', '?')} samples. "
-             f"({_when(report)})", "",
-             markdown_table(["case", "minibatch", "torch.optim µs", "pure eager µs", "torch.func µs", "compiled µs",
-                             "no guards µs", f"{per_call}/call µs", "speed-up", population, "load (1 min)"], rows)]
+             f"(CleanRL's step, fused Adam) against `fastrl.trainer.Trainer.update()` per step, eager (`--compile "
+             f"off`) and compiled (`--compile {report.get('mode', 'default')}`, the trainer's own compile plan; "
+             f"speed-up over torch.optim), and {k} members (`--n-seeds {k}`, µs per member-step). `python -m "
+             f"benchmarks.learner`, median of {report.get('repeats', '?')} samples. ({_when(report)})", "",
+             markdown_table(["case", "minibatch", "torch.optim µs", "trainer eager µs", "trainer compiled µs",
+                             "speed-up", population, "load (1 min)"], rows)]
     if report.get("compile"):
-        rows = [[c["case"], c.get("steps_per_call", 1), c["cold_s"], c["warm_s"], c["cold_process_s"],
-                 c["warm_process_s"]] for c in report["compile"]]
-        lines += ["", "Compile time of the compiled call's first call, by minibatch steps per call: a cold and a warm "
+        rows = [[c["case"], c["cold_s"], c["warm_s"], c["cold_process_s"], c["warm_process_s"]]
+                for c in report["compile"]]
+        lines += ["", "Seconds of the compiled trainer's first update (compile and its steps): a cold and a warm "
                       "inductor cache.", "",
-                  markdown_table(["case", "steps/call", "cold compile s", "warm compile s", "cold process s",
-                                  "warm process s"], rows)]
+                  markdown_table(["case", "cold compile s", "warm compile s", "cold process s", "warm process s"],
+                                 rows)]
     return lines
 
 

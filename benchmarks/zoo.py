@@ -12,7 +12,7 @@ Per config (``ROWS``):
 - The score: each seed's deterministic evaluation at the end (``eval_episodes`` x ``eval_seeds`` episodes of its mode
   policy), then the median and the interquartile mean over the seeds; also the median of the seeds' training means
   over their last 100 episodes.
-- SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers.sb3_model``; where
+- SB3: ``stable_baselines3.PPO`` / ``A2C`` built with the same hyperparameters (``benchmarks.peers_common.sb3_model``; where
   the zoo's own run differs, its settings, ``ZooRow.zoo_settings``: ppo/hopper and ppo/walker2d run CleanRL's
   settings, and SB3 is timed on the zoo's whole Hopper, Walker2d and Swimmer settings), on the Gymnasium twin of the env
   (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations (``SB3_TIMING_STEPS``) at 1 torch
@@ -174,7 +174,7 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
     """SB3 with the config's hyperparameters (where the zoo's own run differs, ``row.zoo_settings``: the zoo's rollout
     shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over
     ``SB3_TIMING_STEPS`` (at least two iterations) and the single run's projected wall time at the zoo's budget."""
-    from benchmarks.peers import sb3_model
+    from benchmarks.peers_common import sb3_model
     from fastrl.trainer import torch_threads
     algo = row.config.split("/")[0]
     if algo not in ("ppo", "a2c"):
@@ -207,7 +207,7 @@ def train_sb3(row: ZooRow, steps: int, seed: int) -> dict:
     them), at 1 torch thread, then the deterministic return of 10 episodes on its own env with the normalizer frozen:
     does SB3 itself reach the zoo's figure on this machine?"""
     import numpy as np
-    from benchmarks.peers import sb3_model
+    from benchmarks.peers_common import sb3_model
     from fastrl.trainer import torch_threads
     cfg = sb3_config(row, seed=seed)
     load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")

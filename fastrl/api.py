@@ -85,7 +85,11 @@ def train(
     ``env``: an env id, ``module:Id``, a gymnasium.Env subclass or a zero-argument factory, a Gymnasium vector env or
     a TorchRL env (``EnvBase``: unbatched, ``SerialEnv``/``ParallelEnv``; see ``TorchRLVectorEnv``) (None: the
     config's, else CartPole-v1). ``algo``: ppo (default), a2c, impala or appo. ``config``: a YAML path, a tuned config's
-    name, a dict of config keys or a ``fastrl.Config``. ``callbacks``: callables ``(metrics, run) -> bool`` called
+    name, a dict of config keys or a ``fastrl.Config``, whose fields that differ from ``Config()`` count as set. Like
+    flags, what it sets lies over the env's tuned config (``Config(env="HalfCheetah-v4")`` trains with
+    ``configs/ppo/halfcheetah.yaml`` under its values, as ``--env HalfCheetah-v4`` does); a field left at its default
+    takes the tuned value, so pass a value equal to the default as a keyword. ``fastrl.run_config`` builds every
+    door's config the same way. ``callbacks``: callables ``(metrics, run) -> bool`` called
     after every iteration (False stops the run; see ``fastrl.callbacks``).
 
     Every keyword after them is a field of ``fastrl.Config`` of the same name and type (its meaning and default:
@@ -124,17 +128,10 @@ def train(
         raise _unknown_key(next(iter(unknown)), "the fastrl.train() arguments")
     refuse_in_spawned_child()
     from fastrl.callbacks import check_callbacks
-    from fastrl.train import resolve_config, run
+    from fastrl.run_config import build_config
+    from fastrl.train import run
 
-    given, yaml_path = {}, None
-    if isinstance(config, Config):
-        given.update(config.to_dict())
-    elif isinstance(config, dict):
-        given.update(config)
-    elif isinstance(config, (str, os.PathLike)):
-        yaml_path = str(config)
-    elif config is not None:
-        raise UserError(f"config must be a YAML path, a dict or a fastrl Config, got {type(config).__name__}")
+    given = {}
     if algo is not None:
         given["algo"] = algo
     made_vector_env = None
@@ -146,8 +143,10 @@ def train(
         _fit_to_vector_env(given, env, overrides)
     if isinstance(given.get("policy"), type):
         given["policy"] = policy_name(given["policy"])
+    if isinstance(config, dict) and isinstance(config.get("policy"), type):
+        config = {**config, "policy": policy_name(config["policy"])}
     callbacks = check_callbacks(callbacks)
-    cfg, resume_state = resolve_config(given, yaml_path, where="the fastrl.train() arguments")
+    cfg, resume_state = build_config(given, config, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
     try:
         summary = run(cfg, resume_state, callbacks)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from fastrl.envs import ActionSpec
-from fastrl.lazy_dynamo import import_tensordict
+from fastrl._startup import import_tensordict
 
-TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
+TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl._startup
 
 
 def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_spec: ActionSpec,
@@ -47,15 +47,3 @@ def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: 
         buffer = buffer.pin_memory()
     return buffer
 
-
-def iterate_minibatches(batch: TensorDict, n_minibatches: int, generator: torch.Generator | None = None):
-    """Yield ``n_minibatches`` equal, disjoint, shuffled minibatches of the flattened batch.
-
-    Sizes are static (good for torch.compile) and no host round trip happens: reset steps are not
-    dropped but carried with ``valid`` False, and every loss is a mean over ``valid``.
-    """
-    flat = batch.reshape(-1)
-    size = flat.shape[0]
-    perm = torch.randperm(size, device=flat.device, generator=generator)
-    for index in perm.view(n_minibatches, size // n_minibatches):
-        yield flat[index]

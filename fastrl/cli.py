@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The installed ``fastrl`` command and ``python -m fastrl``: ``main``, with ``fastrl train`` run as the process's
-    whole work (``fastrl.train.run_as_process``: the garbage collector's start-up pause and exit freeze)."""
+    whole work (``fastrl.train.run_as_process``: a Ctrl-C that cut the start-up short exits without teardown)."""
     if sys.argv[1:2] == ["train"]:
         from fastrl.train import run_as_process
         return run_as_process(main)

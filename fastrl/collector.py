@@ -28,25 +28,26 @@ class Collector:
 
     def __init__(self, env_or_config=None, agent=None, **overrides):
         from fastrl.api import _fit_to_vector_env, _is_vector_env, _vector_env_of
-        from fastrl.config import Config, UserError, make_config
+        from fastrl.config import YAML_IGNORED, Config, UserError
         from fastrl.envs import env_name
+        from fastrl.run_config import build_config, config_layer
         from fastrl.trainer import Trainer
-        given, yaml_path, self._made = (agent.config.to_dict() if agent is not None else {}), None, None
-        if isinstance(env_or_config, Config):
-            given.update(env_or_config.to_dict())
-        elif isinstance(env_or_config, dict):
-            given.update(env_or_config)
-        elif isinstance(env_or_config, (str, os.PathLike)) and str(env_or_config).endswith((".yaml", ".yml")):
-            yaml_path = str(env_or_config)
+        given, config, self._made = {}, None, None
+        if isinstance(env_or_config, (Config, dict)) or (isinstance(env_or_config, (str, os.PathLike))
+                                                        and str(env_or_config).endswith((".yaml", ".yml"))):
+            config = env_or_config
         elif env_or_config is not None:
             env, self._made = _vector_env_of(env_or_config)
             given["env"] = env_name(env)
             if _is_vector_env(env):
                 _fit_to_vector_env(given, env, overrides)
         given.update(overrides)
+        if agent is not None:  # the agent's config (every key) lies under what is given here
+            saved = {key: value for key, value in agent.config.to_dict().items() if key not in YAML_IGNORED}
+            config = {**saved, **config_layer(config, "the Collector arguments")[1]}
         threads = torch.get_num_threads()
         try:
-            self.trainer = Trainer(make_config(given, yaml_path, where="the Collector arguments"))
+            self.trainer = Trainer(build_config(given, config, where="the Collector arguments")[0])
         except BaseException:
             if self._made is not None:
                 self._made.close()

@@ -1,7 +1,8 @@
 """Typed run configuration: one flat dataclass, loaded from YAML, overridden from the CLI, validated up front.
 
-Precedence: dataclass defaults < YAML file (``--config``) < CLI flags. Every field is a CLI flag
-(``n_envs`` -> ``--n-envs``) whose help text is the field's ``help`` metadata.
+Every field is a CLI flag (``n_envs`` -> ``--n-envs``) whose help text is the field's ``help`` metadata. How the
+layers (defaults, the env's tuned config, a YAML file, a ``Config``, flags) stack is ``fastrl.run_config``'s: the
+one builder every door goes through. ``make_config`` is its last step: exactly the values given, over the defaults.
 """
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ class Config:
     """Every knob of a run. ``Config()`` is the embedded default: PPO on CartPole-v1, tuned for wall-clock time to a
     last-100 mean of 475 on a 2-core CPU (large batch, few gradient steps, no value clipping; configs/ppo/cartpole.yaml
     holds the same values and says how they were chosen). Other algorithms start from ``ALGO_DEFAULTS[algo]`` over
-    these (``make_config``)."""
+    these (``make_config``). Passed to ``fastrl.train(config=...)``, a Config sets the fields that differ from
+    ``Config()``, and those lie over the env's tuned config as flags do (``fastrl.run_config``)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
@@ -275,7 +277,7 @@ class Config:
     resume: str = _f("", "resume from a run directory or checkpoint file (never read from a YAML file)")
 
     # Where the values under the flags came from (a --config file, an env's tuned config, a general default), for the
-    # run's first line; set by fastrl.train.resolve_config. A plain attribute, not a field: no flag, not in to_dict.
+    # run's first line; set by fastrl.run_config.build_config. A plain attribute, not a field: no flag, not in to_dict.
     origin = ""
 
     # Derived sizes are computed once, here.
@@ -564,7 +566,8 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def make_config(overrides: dict | None = None, yaml_path: str | None = None, where: str = "overrides") -> Config:
-    """Defaults < YAML < overrides, coerced and validated."""
+    """Defaults < ``ALGO_DEFAULTS[algo]`` < YAML < overrides, coerced and validated: exactly what is given, with no
+    env's tuned config under it (a run's config comes from ``fastrl.run_config.build_config``, which ends here)."""
     values: dict = {}
     if yaml_path:
         for key, value in load_yaml(yaml_path).items():
@@ -660,7 +663,8 @@ def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
     ``--no-`` form; lists take several values, commas or brackets."""
     parser = _ArgParser(
         prog=prog, allow_abbrev=False, usage="%(prog)s [--config FILE|NAME] [--FLAG VALUE ...]",
-        description="Train an agent. Flags override --config, which overrides the defaults. A boolean flag alone "
+        description="Train an agent. Flags override --config, which overrides the env's tuned config (when one ships), "
+                    "which overrides the defaults. A boolean flag alone "
                     "means true (--progress; --no-progress or --progress false for false). Lists: --hidden-sizes "
                     "128 128, 128,128 or [128,128].")
     parser.add_argument("--config", default=None, metavar="FILE|NAME",
@@ -715,7 +719,3 @@ def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train
         overrides["hidden_sizes"] = " ".join(overrides["hidden_sizes"])
     return overrides, args.config
 
-
-def parse_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> Config:
-    overrides, yaml_path = parse_cli_overrides(argv, prog)
-    return make_config(overrides, yaml_path, where="command-line flags")

@@ -31,13 +31,13 @@ import difflib
 import functools
 import multiprocessing
 import sys
-import types
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
 from fastrl.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
 from fastrl.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
@@ -153,70 +153,6 @@ class MemberEpisodeStats(EpisodeStats):
             self.members[m].record(returns[owner == m], lengths[owner == m])
         if not members_only:
             self.record(returns, lengths)
-
-
-def import_envpool():
-    """``import envpool``, without two imports EnvPool makes that fastrl's runs rarely need:
-
-    - JAX, for EnvPool's optional XLA interface, which fastrl never uses (about 1.5 s of start-up where JAX is
-      installed): while EnvPool loads, ``import jax`` fails, which EnvPool takes as "no XLA". A JAX the process
-      already imported is left alone, and JAX imports normally afterwards.
-    - the body of ``envpool.jumanji`` (its renderer imports matplotlib.pyplot, about 0.4 s): registering the Jumanji
-      ids needs only the package's path, so the package is built empty and runs its own code on first use
-      (``_DeferredPackage``), which is when EnvPool makes a Jumanji env."""
-    import sys
-    if "envpool" in sys.modules:
-        return sys.modules["envpool"]
-    blocked = "jax" not in sys.modules
-    if blocked:
-        sys.modules["jax"] = None  # a None entry makes `import jax` raise ImportError
-    deferred = _defer_package("envpool.jumanji")
-    try:
-        import envpool
-    except BaseException:
-        if deferred is not None and sys.modules.get("envpool.jumanji") is deferred:
-            del sys.modules["envpool.jumanji"]
-        raise
-    finally:
-        if blocked and "jax" in sys.modules and sys.modules["jax"] is None:
-            del sys.modules["jax"]
-    if deferred is not None and not hasattr(envpool, "jumanji"):
-        envpool.jumanji = deferred  # the binding an ordinary import of the package makes
-    return envpool
-
-
-class _DeferredPackage(types.ModuleType):
-    """A package module whose ``__init__`` code has not run yet: its submodules import through its ``__path__``; the
-    first attribute it lacks runs that code in it (so ``from package import X`` and ``getattr`` work as usual)."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):  # the import system's and pickle's probes: no reason to load anything
-            raise AttributeError(name)
-        self.__class__ = types.ModuleType  # plain from here on, also if the package's code raises
-        self.__spec__.loader.exec_module(self)
-        return getattr(self, name)
-
-
-def _defer_package(name: str):
-    """Put ``name`` (a package not imported yet) into ``sys.modules`` as a ``_DeferredPackage``; None if it is
-    imported already or cannot be found (the import then goes as usual)."""
-    import importlib.util
-    import sys
-    if name in sys.modules:
-        return None
-    parent, _, _ = name.rpartition(".")
-    try:
-        parent_spec = importlib.util.find_spec(parent)
-        locations = parent_spec.submodule_search_locations if parent_spec else None
-        spec = importlib.machinery.PathFinder.find_spec(name, locations) if locations else None
-    except (ImportError, ValueError):
-        return None
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    module.__class__ = _DeferredPackage
-    sys.modules[name] = module
-    return module
 
 
 @functools.lru_cache(maxsize=1)

@@ -400,8 +400,6 @@ def serve_sinks() -> None:
     finally:
         for sink in sinks:
             sink.close()
-        from fastrl.train import settle_collection_for_exit
-        settle_collection_for_exit()  # the run waits for this exit: no last collection over torch's objects
 
 
 class RunLogger(NullLogger):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from fastrl import kernels
-from fastrl.lazy_dynamo import import_tensordict
+from fastrl._startup import import_tensordict
 
-TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl.lazy_dynamo
+TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl._startup
 
 
 def masked_mean(x: torch.Tensor, valid: torch.Tensor, dim: int | None = None) -> torch.Tensor:

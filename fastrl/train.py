@@ -30,20 +30,13 @@ import json  # noqa: E402
 import threading  # noqa: E402
 from typing import TYPE_CHECKING  # noqa: E402
 
-from fastrl.config import (CODE_KEYS, YAML_IGNORED, Config, UserError, brief, load_yaml, make_config,  # noqa: E402
-                           parse_cli_overrides)
+from fastrl.config import Config, UserError  # noqa: E402
+from fastrl.run_config import config_from_cli  # noqa: E402
 
 if TYPE_CHECKING:
     from fastrl import distributed
 
 ACTOR_LEARNER_ALGOS = ("impala", "appo")
-
-# What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
-# optimizer's state) and the batch shape that the budget's iteration count is measured in.
-RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", "shared_trunk", "use_sde",
-                "encoder", "normalize_obs", "normalize_reward", "frame_skip", "frame_stack", "optimizer", "n_envs",
-                "n_steps", "per_rank")
-
 
 def __getattr__(name: str):
     """The public names of a trainer and its env seeds, ``Trainer`` and ``env_seed``, load torch on first use:
@@ -55,106 +48,6 @@ def __getattr__(name: str):
         from fastrl import seeding
         return seeding.env_seed
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[Config, dict | None]:
-    """Parse flags. With ``--resume`` the checkpoint's config is the base and only explicit flags override it."""
-    overrides, yaml_path = parse_cli_overrides(argv, prog)
-    return resolve_config(overrides, yaml_path, where="command-line flags")
-
-
-def resolve_config(overrides: dict, yaml_path: str | None = None,
-                   where: str = "command-line flags") -> tuple[Config, dict | None]:
-    """Defaults < YAML < ``overrides``; with ``resume`` the checkpoint's config is the base instead of the defaults.
-    Returns ``(config, checkpoint state or None)``.
-
-    A resume is a continuation or a refusal: overrides that change what ``RESUME_FIXED`` lists, or a budget the
-    checkpoint has already passed, are one-line UserErrors; the checkpoint's env is used only if it imports no code
-    (else the user must name it: see ``checkpoint.checkpoint_config``)."""
-    if not overrides.get("resume"):
-        yaml_path, under, origin = base_layer(overrides, yaml_path, where)
-        cfg = make_config({**under, **overrides}, yaml_path, where=where)
-        cfg.origin = origin
-        return cfg, None
-    from fastrl.checkpoint import checkpoint_config, load_checkpoint
-    from fastrl.config import _coerce as coerce_value
-    target = overrides["resume"]
-    state = load_checkpoint(target)
-    given = dict(overrides)
-    if yaml_path:
-        given = {**{key: value for key, value in load_yaml(yaml_path).items()
-                    if key.replace("-", "_") not in YAML_IGNORED}, **overrides}
-    given = {key.replace("-", "_"): value for key, value in given.items()}
-    # The checkpoint's code names (env, policy) are used only if the user names them too; what the user passed is an
-    # override, judged below against the checkpoint's own.
-    saved = checkpoint_config(state, f"checkpoint {target}", given).to_dict()
-    saved.update({key: state["config"][key] for key in CODE_KEYS if key in state["config"]})
-    changed = [key for key in RESUME_FIXED if key in given and coerce_value(key, given[key]) != saved[key]]
-    if changed:
-        diffs = ", ".join(f"{k} {brief(saved[k])} -> {brief(coerce_value(k, given[k]))}" for k in changed)
-        raise UserError(f"--resume {target} would change {diffs}; a resume continues the same model, env and batch "
-                        f"shape: drop those flags, or start a new run with them (--config <run>/config.yaml)")
-    base = {**saved, "run_dir": ""}  # a moved or copied run continues where it now lies (see rundir.resume_run_dir)
-    cfg = make_config({**base, **given}, where=where)
-    done = int(state.get("global_step", 0))
-    if "members" in state:  # a population's checkpoint counts the steps of all members; the budget is per member
-        done //= max(len(state["members"]), 1)
-    if cfg.total_steps < done:
-        raise UserError(f"--resume {target}: its checkpoint is at step {done}, past total_steps={cfg.total_steps}; "
-                        f"pass --total-steps above {done} to train on")
-    return cfg, state
-
-
-def base_layer(overrides: dict, yaml_path: str | None, where: str) -> tuple[str | None, dict, str]:
-    """What lies under the user's flags, as ``(yaml_path, values, origin)``: a ``--config`` file as given; else the
-    tuned config of the env (``TUNED_CONFIGS``) when one ships; else, for PPO on an env other than the embedded
-    default's, the general default of its action kind (``GENERAL_DEFAULTS``; no observation normalization where the
-    observations are not floats); else the algorithm's defaults. ``origin`` says which, for the run's first line."""
-    from fastrl.config import FIELDS, GENERAL_DEFAULTS, TUNED_CONFIGS
-    if yaml_path:
-        return yaml_path, {}, f"config {yaml_path}"
-    given = {key.replace("-", "_"): value for key, value in overrides.items()}
-    if set(FIELDS) <= set(given):  # a whole config (fastrl.train(config=Config(...))): nothing lies under it
-        return None, {}, "the given config"
-    algo, env = str(given.get("algo", Config.algo)), str(given.get("env", Config.env))
-    tuned = TUNED_CONFIGS.get("impala" if algo == "appo" else algo, {})
-    name = tuned.get(env) or tuned.get(_env_kind(env, given))
-    if name:
-        origin = f"the tuned config {name}" + (" (the embedded default)" if name == "ppo/cartpole" else "")
-        # The embedded default's n_minibatches stays a count, as Config() has always had it
-        keep_size = algo == "ppo" and name != "ppo/cartpole"
-        return name, _same_minibatch(load_yaml(name), given) if keep_size else {}, origin
-    if algo != "ppo":
-        return None, {}, f"the {algo} defaults (no tuned {algo} config for {env})"
-    from fastrl.envs import probe_env
-    # Only what the env is built from: the flags' other values are checked once, against the default they choose.
-    env_keys = ("env", "env_backend", "frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_atari_reward")
-    _, dtype, action_spec = probe_env(make_config({k: v for k, v in given.items() if k in env_keys}, where=where))
-    kind = action_spec.kind  # discrete (MultiDiscrete and MultiBinary included) or continuous
-    under = {**GENERAL_DEFAULTS[kind], **_same_minibatch(GENERAL_DEFAULTS[kind], given)}
-    if not dtype.is_floating_point:  # uint8 frames, Discrete observations: scaled or one-hot encoded in the model
-        under["normalize_obs"] = False
-    return None, under, f"the general PPO default for {kind} actions (CleanRL's settings; no tuned config ships for {env})"
-
-
-def _same_minibatch(base: dict, given: dict) -> dict:
-    """``n_minibatches`` that keeps ``base``'s minibatch size when the flags change its rollout shape (n_envs, n_steps)
-    but not n_minibatches: the most minibatches of at least that size that divide the new batch (at least 1)."""
-    if "n_minibatches" in given or not {"n_envs", "n_steps"} & set(given) or "n_minibatches" not in base:
-        return {}
-    from fastrl.config import _coerce as coerce_value
-    shape = {key: coerce_value(key, given.get(key, base.get(key, getattr(Config, key)))) for key in ("n_envs", "n_steps")}
-    minibatch = base.get("n_envs", Config.n_envs) * base.get("n_steps", Config.n_steps) // base["n_minibatches"]
-    batch = shape["n_envs"] * shape["n_steps"]
-    return {"n_minibatches": max(d for d in range(1, max(batch // max(minibatch, 1), 1) + 1) if batch % d == 0)}
-
-
-def _env_kind(env: str, given: dict) -> str | None:
-    """``atari`` or ``procgen`` for an EnvPool id of that kind (the env backend permitting), else None."""
-    if ":" in env or given.get("env_backend") in ("gymnasium", "torch"):
-        return None
-    from fastrl.envs import is_atari, is_procgen
-    return "atari" if is_atari(env) else "procgen" if is_procgen(env) else None
 
 
 def _finished_summary(run_dir) -> bool:
@@ -226,7 +119,6 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
                 rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
                 mark_running(run_dir, trainer.global_step)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
-        end_startup_gc_pause()
         summary = run_loop(trainer, run_dir, dist_info, callbacks)
         finished = True
         return summary
@@ -237,43 +129,9 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
 
 
 # --------------------------------------------------------------------------- the command line's process
-# Start-up (importing torch and EnvPool, building the trainer) makes about a million objects that live as long as the
-# process, and no garbage: Python's full collections among them cost about 0.2 s there and free nothing, and the
-# interpreter's last collection at exit walks them all again (about 0.3 s). So when this module's main is the process
-# (``python -m fastrl.train``, ``fastrl train``), the collector pauses until the run loop starts, what exists then is
-# frozen (``gc.freeze``: later full collections skip it), and everything is frozen again before the exit (where Triton's
-# nanobind bindings are loaded, everything is unfrozen instead: ``settle_collection_for_exit``). Called from Python
-# (tests, the API), main changes nothing about the caller's collector.
-_STARTUP_GC = {"paused": False}
-
-
-def _nanobind_loaded() -> bool:
-    """Whether a nanobind extension is loaded (Triton's, which torchrl and parts of torch import). nanobind reports
-    every object of its own still alive at exit as a leak, a screen of stderr, and frozen objects are never collected;
-    its objects can also end up held by containers frozen before it loaded."""
-    return "triton" in sys.modules
-
-
-def settle_collection_for_exit() -> None:
-    """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where nanobind
-    is loaded, unfreeze everything instead, so that collection frees its objects as it would have."""
-    import gc
-    if _nanobind_loaded():
-        gc.unfreeze()
-    else:
-        gc.freeze()
-
-
 def run_as_process(main_function, *args) -> int:
-    """``main_function(*args)`` as the whole process's work: returns its exit status, the collector as above."""
-    import gc
-    if gc.isenabled():
-        gc.disable()
-        _STARTUP_GC["paused"] = True
-    try:
-        status = main_function(*args)
-    finally:
-        settle_collection_for_exit()
+    """``main_function(*args)`` as the whole process's work: returns its exit status."""
+    status = main_function(*args)
     if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and _STARTUP_INTERRUPT.get("cut_imports"):
         # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
@@ -281,15 +139,6 @@ def run_as_process(main_function, *args) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
-
-
-def end_startup_gc_pause() -> None:
-    """The run loop starts: the collector runs again (if ``run_as_process`` paused it), over new objects only."""
-    if _STARTUP_GC["paused"]:
-        import gc
-        _STARTUP_GC["paused"] = False
-        gc.freeze()
-        gc.enable()
 
 
 # --------------------------------------------------------------------------- Ctrl-C on the command line

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key,
-                           brief, check_applicable, make_config, parse_cli_overrides)
+                           brief, check_applicable, parse_cli_overrides)
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -395,9 +395,8 @@ def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
     for key in overrides:
         if key in NOT_TUNABLE and key != "seed":
             raise UserError(f"--{key.replace('_', '-')} does not apply to fastrl tune: use {NOT_TUNABLE[key]}")
-    from fastrl.train import base_layer  # the env's tuned config (or the general default) when no --config is given
-    yaml_path, under, _ = base_layer(overrides, yaml_path, "command-line flags")
-    base = make_config({**under, **overrides}, yaml_path, where="command-line flags")
+    from fastrl.run_config import build_config
+    base, _ = build_config(overrides, yaml_path, where="command-line flags")
     if base.vary or base.n_seeds != 1:
         raise UserError("the base config holds a population (vary/n_seeds): drop it; the space says what varies and "
                         "--trial-seeds how many seeds a trial has")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import envs_sps, peers, report, run
+from benchmarks import envs_sps, peers, peers_common, peers_learning, peers_rejax, peers_sb3, report, run
 from benchmarks.common import markdown_table
 
 
@@ -83,15 +83,15 @@ def synthetic_results(root):
     runs = {"fastrl": [_peers_run("fastrl", 480.0, True, 2e-4)], "sb3": [_peers_run("sb3", 300.0, False, 4e-4)]}
     peers_json = {"benchmark": "peers", "machine": machine, "quick": True, "seeds": 1, "results": [
         {"env": "CartPole-v1", "algo": "ppo", "threshold": 475.0, "budget_steps": 20000, "runs": runs,
-         "skipped": {}, "summary": {lib: peers.aggregate(r) for lib, r in runs.items()}},
+         "skipped": {}, "summary": {lib: peers_common.aggregate(r) for lib, r in runs.items()}},
         {"env": "HalfCheetah-v4", "algo": "ppo", "threshold": None, "budget_steps": 20000,
          "runs": {"fastrl": [_peers_run("fastrl", -50.0, False, 1e-3)]}, "skipped": {"sb3": "MuJoCo is missing"},
-         "summary": {"fastrl": peers.aggregate([_peers_run("fastrl", -50.0, False, 1e-3)])}},
+         "summary": {"fastrl": peers_common.aggregate([_peers_run("fastrl", -50.0, False, 1e-3)])}},
     ]}
     learning_json = {"benchmark": "learning", "machine": machine, "quick": True, "seeds": 1,
-                     "zoo_source": peers.ZOO_SOURCE, "results": [
+                     "zoo_source": peers_learning.ZOO_SOURCE, "results": [
                          {"env": "CartPole-v1", "algo": "ppo", "budget_steps": 100_000,
-                          "zoo": peers.ZOO[("ppo", "CartPole-v1")], "seeds": 1, "eval_episodes": 10,
+                          "zoo": peers_learning.ZOO[("ppo", "CartPole-v1")], "seeds": 1, "eval_episodes": 10,
                           "eval_return_median": 500.0, "train_return_median": 470.0, "runs": []}]}
     envs_json = {"benchmark": "envs_sps", "machine": machine, "quick": True, "backends": ["envpool", "gym_sync"],
                  "results": [{"env": "CartPole-v1", "n_envs": 8, "sps": {"envpool": {"median": 1e5},
@@ -195,27 +195,27 @@ def test_fastrl_curve_integrates_sections_or_uses_elapsed():
     rows = [{"global_step": 100, "time/collect_s": 1.0, "time/update_s": 0.5},
             {"global_step": 200, "time/collect_s": 1.0, "time/update_s": 0.5, "charts/episodic_return": 10.0},
             {"global_step": 200, "eval/return_mean": 20.0, "eval/return_std": 1.0}]  # the final evaluation's row
-    assert peers.fastrl_curve(rows) == [[100, 1.5, None], [200, 3.0, 10.0]]
+    assert peers_common.fastrl_curve(rows) == [[100, 1.5, None], [200, 3.0, 10.0]]
     rows = [{"global_step": 100, "time/elapsed_s": 4.0, "time/collect_s": 1.0, "time/update_s": 0.5}]
-    assert peers.fastrl_curve(rows) == [[100, 4.0, None]]
+    assert peers_common.fastrl_curve(rows) == [[100, 4.0, None]]
 
 
 def test_first_crossing_and_medians():
     curve = [[1, 0.1, None], [2, 0.2, 50.0], [3, 0.3, 100.0], [4, 0.4, 90.0]]
-    assert peers.first_crossing(curve, 100.0) == (3, 0.3)
-    assert peers.first_crossing(curve, 101.0) == (None, None)
-    assert peers.first_crossing(curve, None) == (None, None)
-    assert peers.median_or_none([1.0, 3.0, None]) == 3.0  # the unreached seed counts as infinitely slow
-    assert peers.median_or_none([1.0, None, None]) is None
-    assert peers.median_or_none([2.0]) == 2.0
-    assert len(peers.thin(list(range(1000)), 50)) <= 51 and peers.thin(list(range(1000)), 50)[-1] == 999
+    assert peers_common.first_crossing(curve, 100.0) == (3, 0.3)
+    assert peers_common.first_crossing(curve, 101.0) == (None, None)
+    assert peers_common.first_crossing(curve, None) == (None, None)
+    assert peers_common.median_or_none([1.0, 3.0, None]) == 3.0  # the unreached seed counts as infinitely slow
+    assert peers_common.median_or_none([1.0, None, None]) is None
+    assert peers_common.median_or_none([2.0]) == 2.0
+    assert len(peers_common.thin(list(range(1000)), 50)) <= 51 and peers_common.thin(list(range(1000)), 50)[-1] == 999
 
 
 def test_sb3_lr_schedule_matches_fastrl_per_iteration():
     from fastrl.optim import annealed_lr
-    cfg = peers.peer_config("ppo", "CartPole-v1", 1, 10 * 512, 475.0, 1)
+    cfg = peers_learning.peer_config("ppo", "CartPole-v1", 1, 10 * 512, 475.0, 1)
     n = cfg.total_steps // cfg.batch_size
-    schedule = peers.lr_schedule(cfg, n)
+    schedule = peers_common.lr_schedule(cfg, n)
     for k in range(1, n + 1):  # SB3 trains rollout k with progress_remaining 1 - k/n; fastrl at progress (k-1)/n
         assert schedule(1 - k / n) == pytest.approx(annealed_lr(cfg, (k - 1) / n))
 
@@ -224,8 +224,8 @@ def test_sb3_lr_schedule_matches_fastrl_per_iteration():
 def test_sb3_mirror_takes_fastrl_hyperparameters(algo, ortho_init):
     import dataclasses
     pytest.importorskip("stable_baselines3")
-    cfg = dataclasses.replace(peers.peer_config(algo, "CartPole-v1", 3, 10_000, 475.0, 1), ortho_init=ortho_init)
-    model = peers.sb3_model(cfg, cfg.total_steps // cfg.batch_size)
+    cfg = dataclasses.replace(peers_learning.peer_config(algo, "CartPole-v1", 3, 10_000, 475.0, 1), ortho_init=ortho_init)
+    model = peers_common.sb3_model(cfg, cfg.total_steps // cfg.batch_size)
     try:
         assert model.policy.ortho_init is ortho_init  # the zoo's MuJoCo runs turn it off
         assert (model.n_steps, model.env.num_envs, model.gamma, model.gae_lambda) == \
@@ -248,9 +248,9 @@ def test_sb3s_time_feature_is_fastrls():
 
     import numpy as np
     pytest.importorskip("stable_baselines3")
-    cfg = dataclasses.replace(peers.peer_config("ppo", "CartPole-v1", 3, 10_000, 475.0, 1), n_envs=1,
+    cfg = dataclasses.replace(peers_learning.peer_config("ppo", "CartPole-v1", 3, 10_000, 475.0, 1), n_envs=1,
                               normalize_obs=False, normalize_reward=False, time_feature=True)
-    env = peers.sb3_env(cfg)
+    env = peers_common.sb3_env(cfg)
     try:
         assert env.observation_space.shape == (5,)
         assert env.reset()[0, 4] == 1.0
@@ -289,7 +289,7 @@ def test_peers_and_learning_end_to_end_tiny(tmp_path):
 
 def test_sb3_zoo_mapping_is_sb3s_settings_term_by_term():
     from fastrl.config import make_config
-    zoo = peers.fastrl_from_sb3(peers.sb3_settings("sb3-zoo"))
+    zoo = peers_sb3.fastrl_from_sb3(peers_sb3.sb3_settings("sb3-zoo"))
     cfg = make_config(zoo)  # a valid fastrl config
     assert (cfg.n_envs, cfg.n_steps, cfg.minibatch_size, cfg.n_minibatches, cfg.n_epochs) == (8, 32, 256, 1, 20)
     assert (cfg.gamma, cfg.gae_lambda, cfg.ent_coef, cfg.max_grad_norm) == (0.98, 0.8, 0.0, 0.5)
@@ -300,20 +300,20 @@ def test_sb3_zoo_mapping_is_sb3s_settings_term_by_term():
     assert (cfg.norm_adv, cfg.adam_eps, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk) == \
         (True, 1e-5, [64, 64], "tanh", False)
     assert (cfg.normalize_obs, cfg.normalize_reward, cfg.target_kl) == (False, False, 0.0)
-    default = make_config(peers.fastrl_from_sb3(peers.sb3_settings("sb3-default")))
+    default = make_config(peers_sb3.fastrl_from_sb3(peers_sb3.sb3_settings("sb3-default")))
     assert (default.n_envs, default.n_steps, default.minibatch_size, default.n_epochs) == (1, 2048, 64, 10)
     assert (default.lr, default.anneal_lr, default.clip_coef, default.anneal_clip) == (3e-4, False, 0.2, False)
     assert (default.gamma, default.gae_lambda, default.vf_coef, default.clip_vloss) == (0.99, 0.95, 1.0, False)
-    assert peers.zoo_value("lin_0.2") == (0.2, True) and peers.zoo_value(3e-4) == (3e-4, False)
-    assert peers.Linear(0.2)(0.5) == pytest.approx(0.1)
+    assert peers_sb3.zoo_value("lin_0.2") == (0.2, True) and peers_sb3.zoo_value(3e-4) == (3e-4, False)
+    assert peers_sb3.Linear(0.2)(0.5) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="clips the value loss"):
-        peers.fastrl_from_sb3({**peers.sb3_settings("sb3-zoo"), "clip_range_vf": 0.2})
+        peers_sb3.fastrl_from_sb3({**peers_sb3.sb3_settings("sb3-zoo"), "clip_range_vf": 0.2})
 
 
 def test_rejax_mapping_term_by_term():
     from fastrl.config import make_config
-    r = peers.REJAX_PPO_CARTPOLE
-    cfg = make_config(peers.fastrl_from_rejax(r))
+    r = peers_rejax.REJAX_PPO_CARTPOLE
+    cfg = make_config(peers_rejax.fastrl_from_rejax(r))
     assert (cfg.n_envs, cfg.n_steps, cfg.n_epochs, cfg.n_minibatches) == \
         (r["num_envs"], r["num_steps"], r["num_epochs"], r["num_minibatches"]) == (5, 100, 5, 5)
     assert (cfg.lr, cfg.anneal_lr, cfg.gamma, cfg.gae_lambda) == (0.00075, False, 0.99, 0.95)
@@ -327,8 +327,8 @@ def test_rejax_mapping_term_by_term():
 
 def test_sb3_defaults_table_is_what_sb3_uses():
     pytest.importorskip("stable_baselines3")
-    h = peers.sb3_settings("sb3-default")
-    model = peers.sb3_native("sb3-default", 0)
+    h = peers_sb3.sb3_settings("sb3-default")
+    model = peers_sb3.sb3_native("sb3-default", 0)
     try:
         assert model.env.num_envs == h["n_envs"]
         assert (model.n_steps, model.batch_size, model.n_epochs, model.gamma, model.gae_lambda) == \
@@ -342,7 +342,7 @@ def test_sb3_defaults_table_is_what_sb3_uses():
         assert model.policy.activation_fn.__name__.lower() == h["activation"]
     finally:
         model.get_env().close()
-    zoo = peers.sb3_native("sb3-zoo", 0)
+    zoo = peers_sb3.sb3_native("sb3-zoo", 0)
     try:
         assert (zoo.env.num_envs, zoo.n_steps, zoo.batch_size, zoo.n_epochs, zoo.gamma, zoo.gae_lambda) == \
             (8, 32, 256, 20, 0.98, 0.8)
@@ -365,7 +365,7 @@ def test_sb3_parts_end_to_end_tiny(tmp_path, part, max_steps):
     assert entry["summary"]["fastrl"]["sps_over_sb3"] > 0
     assert entry["fastrl_overrides"]["anneal_clip"] is (part == "sb3-zoo")
     text, _ = report.render(tmp_path.parent, tmp_path.parent / "RESULTS.md")
-    assert peers.sb3_table(entry) in text
+    assert peers_sb3.sb3_table(entry) in text
 
 
 def test_rejax_part_end_to_end_tiny(tmp_path, monkeypatch):
@@ -388,20 +388,20 @@ def test_speed_parts_render_into_results_md(tmp_path):
                "timestamp": "2026-01-01T00:00:00+0000"}
     zoo_runs = {"sb3": [_peers_run("sb3", 480.0, True, 4e-4)], "fastrl": [_peers_run("fastrl", 480.0, True, 2e-4)]}
     zoo = {"env": "CartPole-v1", "algo": "ppo", "part": "sb3-zoo", "threshold": 475.0, "budget_steps": 100_000,
-           "sb3_hyperparameters": peers.sb3_settings("sb3-zoo"), "compile": {"fastrl": "off"}, "runs": zoo_runs,
-           "skipped": {}, "summary": {lib: peers.aggregate(r) for lib, r in zoo_runs.items()}}
+           "sb3_hyperparameters": peers_sb3.sb3_settings("sb3-zoo"), "compile": {"fastrl": "off"}, "runs": zoo_runs,
+           "skipped": {}, "summary": {lib: peers_common.aggregate(r) for lib, r in zoo_runs.items()}}
     zoo["summary"]["fastrl"].update(sps_over_sb3=2.0, time_to_threshold_over_sb3=0.5)
     rejax_summary = {"rejax": {"seeds": 1, "reached": 1, "steps_to_threshold_median": 20_000,
                                "time_to_threshold_s_median": 0.25, "sps_median": 80_000.0, "compile_s_median": 9.0},
                      "fastrl": {"seeds": 1, "reached": 0, "steps_to_threshold_median": None,
                                 "time_to_threshold_s_median": None, "sps_median": 3_000.0, "sps_over_rejax": 0.0375}}
     rejax = {"env": "CartPole-v1", "algo": "ppo", "part": "rejax", "threshold": 475.0, "budget_steps": 100_000,
-             "rejax_config": peers.REJAX_PPO_CARTPOLE, "rejax_source": peers.REJAX_SOURCE, "eval_every_steps": 1000,
+             "rejax_config": peers_rejax.REJAX_PPO_CARTPOLE, "rejax_source": peers_rejax.REJAX_SOURCE, "eval_every_steps": 1000,
              "eval_episodes": 128, "compile": {"fastrl": "off"}, "runs": {}, "skipped": {}, "summary": rejax_summary}
     d = tmp_path / "results" / "cpu-test"
     d.mkdir(parents=True)
     for name, entry in (("peers_sb3_zoo", zoo), ("peers_sb3_default", {**zoo, "part": "sb3-default",
-                                                                       "sb3_hyperparameters": peers.SB3_PPO_DEFAULTS}),
+                                                                       "sb3_hyperparameters": peers_sb3.SB3_PPO_DEFAULTS}),
                         ("peers_rejax", rejax)):
         (d / f"{name}.json").write_text(json.dumps({"benchmark": name, "machine": machine, "threads": 1, "seeds": 1,
                                                     "result": entry}))
@@ -455,18 +455,18 @@ def test_rollout_step_tiny(tmp_path):
 
 
 def test_learner_tiny(tmp_path):
-    """A dry run of the gradient-step benchmark with its uncompiled contenders: the twin, the pure update through the
-    module and through torch.func, and 2 members; then the report's table."""
+    """A dry run of the gradient-step benchmark with its uncompiled contenders: the twin, the trainer's update and 2
+    members; then the report's table."""
     from benchmarks import learner
     out = tmp_path / "learner.json"
     assert learner.main(["--cases", "mlp-64", "--mode", "off", "--members", "2", "--repeats", "1", "--block-s", "0.01",
                          "--no-compile-times", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     row = data["results"][0]
-    assert row["eager_us"] > 0 and row["pure_eager_us"] > 0 and row["pure_func_us"] > 0
+    assert row["eager_us"] > 0 and row["pure_eager_us"] > 0 and row["population_us"] > 0
     (table_row,) = [cells for cells in _table_rows("\n".join(report.learner_section(data))) if cells[0] == "mlp-64"]
     assert table_row[2] == markdown_table(["x"], [[row["eager_us"]]]).splitlines()[-1].strip("| "), table_row
-    assert table_row[4] == markdown_table(["x"], [[row["pure_func_us"]]]).splitlines()[-1].strip("| "), table_row
+    assert table_row[6] == markdown_table(["x"], [[row["population_us"]]]).splitlines()[-1].strip("| "), table_row
 
 
 def test_population_step_tiny(tmp_path, capsys):

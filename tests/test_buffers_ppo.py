@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fastrl import kernels
-from fastrl.buffers import iterate_minibatches, make_rollout_buffer
+from fastrl.buffers import make_rollout_buffer
 from fastrl.envs import ActionSpec
 from fastrl.ppo import compute_advantages, explained_variance
 
@@ -78,27 +78,6 @@ def test_rollout_buffer_layout():
         assert buf["next", key].shape == (4, 3)
     disc = make_rollout_buffer(2, 2, (4,), torch.float32, ActionSpec("discrete", n=3))
     assert disc["action"].dtype == torch.int64 and disc["action"].shape == (2, 2)
-
-
-@pytest.mark.parametrize("T, N, n", [(4, 6, 4), (5, 2, 1), (8, 8, 8), (1, 6, 3)])
-def test_iterate_minibatches_partition(T, N, n):
-    buf = make_rollout_buffer(T, N, (1,), torch.float32, ActionSpec("discrete", n=2))
-    buf["state_value"].copy_(torch.arange(T * N, dtype=torch.float32).view(T, N))
-    buf["observation"].copy_(buf["state_value"].unsqueeze(-1))
-    batches = list(iterate_minibatches(buf, n, torch.Generator().manual_seed(0)))
-    assert len(batches) == n
-    assert all(b.shape == (T * N // n,) for b in batches)
-    ids = torch.cat([b["state_value"] for b in batches])
-    assert sorted(ids.long().tolist()) == list(range(T * N)), "disjoint and covering every sample once"
-    for b in batches:  # rows stay intact
-        torch.testing.assert_close(b["observation"].squeeze(-1), b["state_value"])
-    if T * N >= 8:
-        assert ids.long().tolist() != list(range(T * N)), "shuffled"
-    again = torch.cat([b["state_value"] for b in iterate_minibatches(buf, n, torch.Generator().manual_seed(0))])
-    assert torch.equal(ids, again), "the same generator state gives the same order"
-    other = torch.cat([b["state_value"] for b in iterate_minibatches(buf, n, torch.Generator().manual_seed(1))])
-    if T * N >= 8:
-        assert not torch.equal(ids, other)
 
 
 def _loss_inputs(B=32, seed=0):

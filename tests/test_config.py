@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from conftest import one_line_error
 from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, build_parser,
-                           load_yaml, make_config, parse_cli)
+                           load_yaml, make_config)
+from fastrl.run_config import parse_cli
 
 INT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is int)
 FLOAT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is float)
@@ -94,7 +95,7 @@ def test_yaml_precedence(tmp_path):
     assert cfg.lr == 0.01 and cfg.hidden_sizes == [16, 8]  # flag beats YAML
     assert cfg.n_envs == 4 and cfg.gamma == 0.9  # YAML beats default
     assert cfg.n_steps == Config.n_steps
-    assert parse_cli([]) == make_config()
+    assert parse_cli([]) == make_config(yaml_path="ppo/cartpole")  # no flags: the embedded default's tuned config
 
 
 def test_yaml_keys_get_the_flags_hints(tmp_path):
@@ -353,51 +354,51 @@ def test_every_tuned_config_named_in_the_table_ships_and_trains_its_env():
 
 
 def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
-    from fastrl.train import resolve_config
-    cfg, _ = resolve_config({"env": "Pendulum-v1"})
+    from fastrl.run_config import build_config
+    cfg, _ = build_config({"env": "Pendulum-v1"})
     pendulum = make_config(yaml_path="ppo/pendulum")
     assert cfg == pendulum and "ppo/pendulum" in cfg.origin
-    cfg, _ = resolve_config({"env": "Pendulum-v1", "lr": "5e-4", "n_envs": 8})
+    cfg, _ = build_config({"env": "Pendulum-v1", "lr": "5e-4", "n_envs": 8})
     assert (cfg.lr, cfg.n_envs, cfg.gamma) == (5e-4, 8, pendulum.gamma)
     # Gymnasium's newer version of an EnvPool task shares its config; the env stays the one asked for
-    cfg, _ = resolve_config({"env": "HalfCheetah-v5"})
+    cfg, _ = build_config({"env": "HalfCheetah-v5"})
     assert "ppo/halfcheetah" in cfg.origin and cfg.env == "HalfCheetah-v5" and cfg.hidden_sizes == [256, 256]
     # the embedded default is the CartPole config, by name or by omission
     cartpole = make_config(yaml_path="ppo/cartpole")  # Config() with the tuned config's stop rule
-    assert resolve_config({})[0] == cartpole == resolve_config({"env": "CartPole-v1"})[0]
+    assert build_config({})[0] == cartpole == build_config({"env": "CartPole-v1"})[0]
     assert cartpole == make_config({"stop_at_return": 475}) != Config()
-    assert resolve_config({"algo": "a2c"})[0] == make_config(yaml_path="a2c/cartpole")
+    assert build_config({"algo": "a2c"})[0] == make_config(yaml_path="a2c/cartpole")
 
 
 def test_an_env_without_one_gets_the_general_default_of_its_action_kind():
     from fastrl.config import GENERAL_DEFAULTS
-    from fastrl.train import resolve_config
-    cfg, _ = resolve_config({"env": "BipedalWalkerHardcore-v3"})  # continuous, no tuned config
+    from fastrl.run_config import build_config
+    cfg, _ = build_config({"env": "BipedalWalkerHardcore-v3"})  # continuous, no tuned config
     assert "continuous" in cfg.origin and "BipedalWalkerHardcore-v3" in cfg.origin
     assert all(getattr(cfg, k) == v for k, v in GENERAL_DEFAULTS["continuous"].items())
-    cfg, _ = resolve_config({"env": "CartPole-v0", "n_envs": 4})  # discrete, no tuned config; flags still win
+    cfg, _ = build_config({"env": "CartPole-v0", "n_envs": 4})  # discrete, no tuned config; flags still win
     assert "discrete" in cfg.origin and cfg.n_envs == 4 and cfg.lr == GENERAL_DEFAULTS["discrete"]["lr"]
     assert cfg.gamma != Config().gamma  # not the CartPole-tuned default
-    # other algorithms keep their own defaults; a --config file is the base as given
-    cfg, _ = resolve_config({"env": "CartPole-v0", "algo": "a2c"})
+    # other algorithms keep their own defaults; a --config file lies over the env's tuned config, as flags do
+    cfg, _ = build_config({"env": "CartPole-v0", "algo": "a2c"})
     assert cfg.lr == ALGO_DEFAULTS["a2c"]["lr"] and "a2c defaults" in cfg.origin
-    cfg, _ = resolve_config({"env": "Pendulum-v1"}, "ppo/mujoco")
-    assert cfg.n_steps == make_config(yaml_path="ppo/mujoco").n_steps and cfg.origin == "config ppo/mujoco"
+    cfg, _ = build_config({"env": "Pendulum-v1"}, "ppo/mujoco")
+    assert cfg.n_steps == make_config(yaml_path="ppo/mujoco").n_steps and cfg.origin == "config ppo/mujoco over the tuned config ppo/pendulum"
 
 
 def test_an_unknown_env_is_still_one_line():
-    from fastrl.train import resolve_config
+    from fastrl.run_config import build_config
     with pytest.raises(UserError, match="unknown env id"):
-        resolve_config({"env": "NoSuchEnv-v0"})
+        build_config({"env": "NoSuchEnv-v0"})
 
 
 def test_changing_a_tuned_configs_rollout_shape_keeps_its_minibatch_size():
     """The zoo's settings are minibatches of 64: --n-envs/--n-steps alone keep that size (as n_minibatches), where it
     divides; the embedded default's n_minibatches stays a count; an explicit --n-minibatches wins."""
-    from fastrl.train import resolve_config
+    from fastrl.run_config import build_config
     tuned = make_config(yaml_path="ppo/pendulum")
     assert tuned.minibatch_size == 64
-    assert resolve_config({"env": "Pendulum-v1", "n_envs": 8})[0].minibatch_size == 64
-    assert resolve_config({"env": "Pendulum-v1", "n_envs": 2, "n_steps": 16})[0].n_minibatches == 1
-    assert resolve_config({"env": "Pendulum-v1", "n_envs": 8, "n_minibatches": 4})[0].n_minibatches == 4
-    assert resolve_config({"n_envs": 2, "n_steps": 16})[0].n_minibatches == Config().n_minibatches
+    assert build_config({"env": "Pendulum-v1", "n_envs": 8})[0].minibatch_size == 64
+    assert build_config({"env": "Pendulum-v1", "n_envs": 2, "n_steps": 16})[0].n_minibatches == 1
+    assert build_config({"env": "Pendulum-v1", "n_envs": 8, "n_minibatches": 4})[0].n_minibatches == 4
+    assert build_config({"n_envs": 2, "n_steps": 16})[0].n_minibatches == Config().n_minibatches

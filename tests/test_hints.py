@@ -9,7 +9,8 @@ import pytest
 
 import fastrl
 from conftest import one_line_error
-from fastrl.config import make_config, parse_cli
+from fastrl.config import make_config
+from fastrl.run_config import parse_cli
 from fastrl.hints import close_names, edit_distance
 
 REPO = Path(__file__).resolve().parent.parent

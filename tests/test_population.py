@@ -16,7 +16,8 @@ from conftest import QUIET, one_line_error, train_main
 from reference_update import reference_optimizer, reference_update
 
 import fastrl.compile
-from fastrl.config import make_config, parse_cli
+from fastrl.config import make_config
+from fastrl.run_config import parse_cli
 from fastrl.distributed import DistInfo
 from fastrl.envs import EpisodeStats, MemberEpisodeStats
 from fastrl.optim import annealed_lr

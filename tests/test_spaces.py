@@ -220,8 +220,8 @@ def test_an_image_env_without_a_tuned_config_gets_a_cnn_and_raw_frames(tmp_path)
 
 def test_frozenlake_trains_with_the_general_discrete_default_over_300k_steps():
     from fastrl.config import GENERAL_DEFAULTS
-    from fastrl.train import resolve_config
-    cfg, _ = resolve_config({"env": "FrozenLake-v1"})
+    from fastrl.run_config import build_config
+    cfg, _ = build_config({"env": "FrozenLake-v1"})
     assert "ppo/frozenlake" in cfg.origin and cfg.total_steps == 300_000 and not cfg.normalize_obs
     assert {key: getattr(cfg, key) for key in GENERAL_DEFAULTS["discrete"] if key != "total_steps"} == {
         key: value for key, value in GENERAL_DEFAULTS["discrete"].items() if key != "total_steps"}

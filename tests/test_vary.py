@@ -9,7 +9,8 @@ import torch
 import yaml
 from conftest import QUIET, one_line_error, train_main
 
-from fastrl.config import SHAPE_KEYS, VARY_KEYS, make_config, parse_cli
+from fastrl.config import SHAPE_KEYS, VARY_KEYS, make_config
+from fastrl.run_config import parse_cli
 from fastrl.population import member_configs
 from fastrl.trainer import Trainer
 
