@@ -1,5 +1,6 @@
-"""What does one rollout step cost: eager against compiled, with the env step outside the graph, inside it as a
-``torch.library`` custom op, or fused into it (``env_backend: torch``)?
+"""What does one rollout step cost with EnvPool: eager against compiled, with the env step outside the graph or
+inside it as a ``torch.library`` custom op? (``env_backend: torch`` runs a whole iteration as one function, rollout
+and update together: ``python -m benchmarks.iteration`` measures it.)
 
     python -m benchmarks.rollout_step [--quick] [--n-envs N ...] [--steps T] [--repeats R] [--out PATH]
 
@@ -12,9 +13,6 @@ sampling, the env step and the buffer writes for all ``n_envs`` envs), the media
   and EnvPool's step as one call outside it (what fastrl runs).
 - ``custom-op``: the same graph with the EnvPool step inside it, as a ``torch.library.custom_op`` (a Python-backed
   op, opaque to inductor: the graph splits around it), writing the env's outputs in the graph too.
-- ``torch-env-eager``: ``compile off`` with ``env_backend torch`` (the torch-native CartPole stepped eagerly).
-- ``torch-env-fused``: ``compile default`` with ``env_backend torch``: env step, auto-reset and episode bookkeeping
-  inside the compiled rollout graph.
 
 Compiled contenders are warmed (two collects) before timing, in the trainers' guard-skipping stance from the second
 collect on. JSON goes to benchmarks/results/<machine-tag>/rollout_step.json; a table is printed.
@@ -33,7 +31,7 @@ from fastrl.config import make_config
 from fastrl.train import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", eval_episodes=0)
-CONTENDERS = ("eager", "compiled", "custom-op", "torch-env-eager", "torch-env-fused")
+CONTENDERS = ("eager", "compiled", "custom-op")
 
 _ENVS: dict = {}  # custom-op handle -> env (a custom op takes tensors and numbers, not Python objects)
 
@@ -104,10 +102,10 @@ class CustomOpCollect:
 
 def build(name: str, n_envs: int, steps: int):
     """A ``collect()`` callable for contender ``name`` and the trainer to close."""
-    compiled = name in ("compiled", "custom-op", "torch-env-fused")
-    backend = "torch" if name.startswith("torch-env") else "envpool"
+    compiled = name in ("compiled", "custom-op")
     cfg = make_config(dict(env="CartPole-v1", n_envs=n_envs, n_steps=steps, total_steps=n_envs * steps * 1000,
-                           compile="default" if compiled else "off", env_backend=backend, torch_threads=1, **QUIET))
+                           compile="default" if compiled else "off", env_backend="envpool", torch_threads=1,
+                           **QUIET))
     trainer = Trainer(cfg)
     collect = trainer.collect
     if name == "custom-op":

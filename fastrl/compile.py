@@ -36,9 +36,10 @@ CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS = 10_000
 # cold: break-even near 26k-29k steps.
 CPU_HAND_GRADIENT_COMPILE_MIN_GRADIENT_STEPS = 30_000
 # From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
-# saves 60-90 us per step (about 150 us with the env fused in, env_backend torch) and compiles in about 10 s cold.
+# saves 60-90 us per step and compiles in about 10 s cold.
 CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000
-CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS = 80_000
+# From how many iterations compiling the whole iteration (``fastrl.iteration``, env_backend torch) pays on CPU.
+CPU_ITERATION_COMPILE_MIN_ITERATIONS = 200
 # How many minibatch gradient steps one compiled update call runs (unrolled in one graph): each call costs a prologue
 # (Python, Dynamo, AOT), each unrolled step adds compile time. Measured on the 2-core CPU (3 Acrobot members, 64x64
 # MLPs, minibatch 64, cold inductor cache, 2026-12-04): the first update call took 17.2 / 22.0 / 32.0 / 56.0 s at
@@ -86,7 +87,7 @@ def steps_per_call(n_epochs: int, n_minibatches: int, limit: int = MAX_STEPS_PER
 
 
 def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_steps: int = 0,
-                 fused_rollout: bool = False, n_epochs: int = 1, n_minibatches: int = 1, members: int = 1,
+                 iterations: int = 0, n_epochs: int = 1, n_minibatches: int = 1, members: int = 1,
                  hand_gradient: bool = False) -> CompilePlan:
     """The plan for ``cfg.compile``.
 
@@ -95,8 +96,17 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
     (``gradient_steps`` over the whole run; a population of ``members`` > 1 from
     ``CPU_POPULATION_COMPILE_MIN_GRADIENT_STEPS``, or ``CPU_HAND_GRADIENT_COMPILE_MIN_GRADIENT_STEPS`` when its eager
     step is the hand-derived gradient, ``hand_gradient``), the rollout step from ``CPU_ROLLOUT_COMPILE_MIN_STEPS`` steps per env
-    (``rollout_steps``; ``CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS`` with the env fused in). Any other mode applies to both.
+    (``rollout_steps``). Any other mode applies to both.
+
+    ``iterations`` > 0: the run's iteration is one function (``fastrl.iteration``), compiled whole (rollout and
+    update in one mode, every minibatch step in its one call) on CPU from ``CPU_ITERATION_COMPILE_MIN_ITERATIONS``.
     """
+    if iterations:
+        whole = mode if mode != "auto" else "reduce-overhead" if device.type == "cuda" else (
+            "default" if iterations >= CPU_ITERATION_COMPILE_MIN_ITERATIONS else "off")
+        if whole != "off":
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+        return CompilePlan(whole, whole, n_epochs * n_minibatches)
     if mode != "auto":
         rollout = update = mode
     elif device.type == "cuda":
@@ -104,8 +114,7 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
         # CPU only (tests/test_distributed.py), never yet on two GPUs.
         rollout = update = "reduce-overhead"
     else:
-        rollout_needs = CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS if fused_rollout else CPU_ROLLOUT_COMPILE_MIN_STEPS
-        rollout = "default" if rollout_steps >= rollout_needs else "off"
+        rollout = "default" if rollout_steps >= CPU_ROLLOUT_COMPILE_MIN_STEPS else "off"
         update_needs = CPU_COMPILE_MIN_GRADIENT_STEPS
         if members > 1:
             update_needs = (CPU_HAND_GRADIENT_COMPILE_MIN_GRADIENT_STEPS if hand_gradient
@@ -157,13 +166,14 @@ def _prime_tensordict_memo() -> None:
 
 
 class CompiledOrEager:
-    """Calls ``torch.compile(fn, mode=mode)``; if the first call fails to compile, warns once and runs ``fn`` eagerly.
+    """Calls ``torch.compile(fn, mode=mode)``; if the first call fails to compile, warns once and runs ``fn`` eagerly
+    (or ``eager``, its twin for eager use, where ``fn`` only runs compiled: a scan).
 
     ``fullgraph``: a graph break is a compile failure (so it falls back to eager, with the warning) instead of a
     silently split graph."""
 
-    def __init__(self, fn, mode: str, name: str, fullgraph: bool = False):
-        self.eager, self.name = fn, name
+    def __init__(self, fn, mode: str, name: str, fullgraph: bool = False, eager=None):
+        self.eager, self.name = fn if eager is None else eager, name
         self.compiled = mode != "off"
         # CUDA graphs replay into the same output memory: each call starts a new graph step, and its CUDA outputs
         # are copied out, so that a caller may hold them past the next call (the update sums chunk by chunk).

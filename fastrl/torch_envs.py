@@ -133,7 +133,7 @@ class TorchEnv:
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
         n = n_envs // n_members
-        self._generators = [torch.Generator(device=self.device).manual_seed(seed + m * n) for m in range(n_members)]
+        self.member_generators = [torch.Generator(device=self.device).manual_seed(seed + m * n) for m in range(n_members)]
         self._member_envs = n
         # Until reset(), every env is due to reset on its next step.
         self._physics = torch.zeros(n_envs, spec.state_width, dtype=torch.float64, device=self.device)
@@ -154,11 +154,11 @@ class TorchEnv:
     def draw_reset_uniform(self) -> torch.Tensor:
         """``[n_envs, reset_draws]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
         width = self.spec.reset_draws
-        if len(self._generators) == 1:
-            return torch.rand(self.n_envs, width, dtype=torch.float64, generator=self._generators[0],
+        if len(self.member_generators) == 1:
+            return torch.rand(self.n_envs, width, dtype=torch.float64, generator=self.member_generators[0],
                               device=self.device)
         return torch.cat([torch.rand(self._member_envs, width, dtype=torch.float64, generator=g, device=self.device)
-                          for g in self._generators])
+                          for g in self.member_generators])
 
     def reset(self) -> torch.Tensor:
         self._physics.copy_(self.spec.reset(self.draw_reset_uniform()))

@@ -47,7 +47,8 @@ from fastrl.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_d
 from fastrl.population import member_configs, member_hyperparameters, varied_keys, variant_name
 from fastrl.ppo import compute_advantages, explained_variance
 from fastrl.precision import autocast_factory
-from fastrl.rollout import CompiledRolloutStep, has_fused_step, sampling_noise
+from fastrl.iteration import STATE_KEYS, Iteration, record_finished
+from fastrl.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
 from fastrl.seeding import env_seed, member_generator, seed_process
 from fastrl.stacked import FlatLayout, MemberPolicy
 from fastrl.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
@@ -165,7 +166,7 @@ class Trainer:
             self.spec = dataclasses.replace(self.spec, target_kl=max(float(m.target_kl) for m in self.members))
         self.opt_state = initial_opt_state(self.spec, self.params)
         self.hparams = {key: torch.zeros(k, dtype=torch.float64 if key == "lr" else torch.float32, device=self.device)
-                        for key in (*HPARAM_KEYS, "target_kl")}
+                        for key in (*HPARAM_KEYS, "target_kl", "gamma", "gae_lambda")}
         self.lr_scales = [1.0] * k
         world = self.dist.world_size
         self.steps_per_iteration = k * n * cfg.n_steps * world  # env steps, all members and ranks
@@ -203,11 +204,15 @@ class Trainer:
         """Decide, from the config and the shapes alone, what runs compiled (``self.plan``), and build the rollout
         forward, the rollout step and the update calls accordingly."""
         cfg, k = self.cfg, self.n_members
-        fused = self.env_mode == "sync" and has_fused_step(self.env)
+        # One pure function is the whole iteration where the env steps as one (env_backend torch): fastrl.iteration.
+        whole = (self.env_mode == "sync" and has_pure_step(self.env) and cfg.algo in ("ppo", "a2c")
+                 and not self.use_sde)
         gradient_steps = self.n_iterations * self.spec.n_steps
-        self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps, fused,
-                                 self.spec.n_epochs, self.spec.n_minibatches, members=k,
+        self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps,
+                                 self.n_iterations if whole else 0, self.spec.n_epochs, self.spec.n_minibatches,
+                                 members=k,
                                  hand_gradient=k > 1 and hand_gradient_applies(self.spec, self.layout, self.autocast))
+        self.iteration_call = None
         # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
         # compiling it to save 2 s of forwards (2026-12-04).
@@ -219,10 +224,12 @@ class Trainer:
         # Once per rollout: on CPU the eager forward costs less than compiling it (but not a vmapped one).
         self.bootstrap_value = CompiledOrEager(policy.get_value, rollout_mode if self.device.type == "cuda" or k > 1
                                                else "off", "the bootstrap value forward")
+        if whole:
+            return self._plan_iteration()
         self.rollout_step = None
         if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
-            self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), self.env.action_spec,
-                                                    rollout_mode, env=self.env, draw_noise=self.draw_noise)
+            self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), rollout_mode,
+                                                    self.draw_noise)
         update_mode, per_call = self.plan.update, self.plan.steps_per_call
         self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent,
                                         distributed.rank_mean() if self.dist.enabled else None)
@@ -235,6 +242,62 @@ class Trainer:
         if update_mode == "reduce-overhead" and self.device.type == "cuda":
             for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
                 torch._dynamo.mark_static_address(tensor)
+
+    def _plan_iteration(self) -> None:
+        """The run's ``fastrl.iteration.Iteration``, compiled whole (``self.plan``'s mode) or eager."""
+        mode = self.rollout_mode = self.plan.update
+        self.rollout_step = None
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, self.n_members, True, self.agent,
+                                        distributed.rank_mean() if self.dist.enabled else None)
+        self.steps_per_call = self.spec.n_steps
+        loops, scans = (Iteration(self.layout, getattr(self.env, "env", self.env).pure_step, self.update_fn,
+                                  self.cfg.n_steps, self.spec.n_minibatches, self.autocast, scan=scan)
+                        for scan in (False, True))
+        self.iteration_call = CompiledOrEager(scans if mode != "off" else loops, mode, "the training iteration",
+                                              fullgraph=True, eager=loops)
+        self.update_call = self.iteration_call  # what tests and summaries ask about: compiled or not
+        if mode == "reduce-overhead" and self.device.type == "cuda":
+            for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
+                torch._dynamo.mark_static_address(tensor)
+
+    def _iterate(self) -> None:
+        """One whole iteration (``fastrl.iteration``): draw its random numbers, call it, and write its new state
+        back into the run's tensors, its rollout into ``buffer`` and its finished episodes into the env's stats."""
+        self._set_hyperparameters()
+        k, n, t = self.n_members, self.n_envs, self.cfg.n_steps
+        env = getattr(self.env, "env", self.env)
+        live = dict(zip(STATE_KEYS, (self.next_obs, *env.tensor_state, env.stats.running_return,
+                                     env.stats.running_length)))
+        device = self.device
+        state = {"params": self.params, "opt_state": self.opt_state,
+                 **{key: value.to(device).view(k, n, *value.shape[1:]) for key, value in live.items()}}
+        width = self.noise.shape[1]
+        draws = {"action_noise": torch.stack([self._draw(t, n, width, generator=g) for g in self.action_generators]),
+                 "reset_uniform": torch.stack([torch.rand(t, n, env.spec.reset_draws, dtype=torch.float64, generator=g)
+                                               for g in env.member_generators])}
+        if self.cfg.algo != "a2c":
+            spec = self.spec
+            draws["minibatch_index"] = torch.stack([minibatch_index(t * n, spec.n_epochs, spec.n_minibatches, g, device)
+                                                    for g in self.minibatch_generators])
+        draws = {key: value.to(device, non_blocking=True) for key, value in draws.items()}
+        new_state, metrics = self.iteration_call(state, self.hparams, draws)
+        self.params.copy_(new_state["params"])
+        for key, value in new_state["opt_state"].items():
+            self.opt_state[key].copy_(value)
+        for key, value in live.items():
+            value.copy_(new_state[key].reshape(value.shape))
+        rollout = {key: value.transpose(0, 1).reshape(t, k * n, *value.shape[3:]).cpu()
+                   for key, value in metrics.pop("rollout").items()}
+        self.next_obs = live["observation"]
+        record_finished(env.stats, rollout["done"], rollout["finished_return"], rollout["finished_length"])
+        buffer = self.buffer
+        for key in ("observation", "action", "sample_log_prob", "state_value", "valid", "advantage", "value_target"):
+            buffer[key].copy_(rollout[key])
+        for key in ("reward", "done", "terminated", "truncated"):
+            buffer["next", key].copy_(rollout[key])
+        buffer["next", "state_value"].copy_(rollout["next_value"])
+        self._iteration_metrics = metrics
+        self.global_step += self.steps_per_iteration
 
     def _warm_compiled(self) -> bool:
         """From this trainer's own second iteration on, every compiled function has compiled for the inputs it sees:
@@ -268,7 +331,13 @@ class Trainer:
         return self.policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True))
 
     def collect(self) -> bool:
-        """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item()."""
+        """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item().
+        Where the iteration is one function (``iteration_call``), the whole iteration, update included."""
+        if self.iteration_call is not None:
+            with self.timer.section("iteration"), skip_guards(self._warm_compiled()), \
+                    torch_threads(self.update_threads):
+                self._iterate()
+            return True
         with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
             self._collect()
         return True
@@ -279,12 +348,6 @@ class Trainer:
             return self.async_collector.collect()
         rollout_step, env, n_steps, v = self.rollout_step, self.env, self.cfg.n_steps, self._views
         obs = self.next_obs
-        if rollout_step is not None and rollout_step.fused:  # the env step is inside the compiled graph
-            with self.timer.section("policy_env"):
-                for t in range(n_steps):
-                    obs = rollout_step(obs, t)
-                rollout_step.finish(n_steps)
-            return self._finish_rollout(obs)
         # CPU, compiled: CompiledRolloutStep (forward, sampling and writes in one graph); else the eager forward.
         act = rollout_step if rollout_step is not None else self._act_eager
         for t in range(n_steps):
@@ -324,7 +387,8 @@ class Trainer:
                   "clip_coef": [annealed_clip_coef(m, progress) for m in self.members],
                   "ent_coef": [m.ent_coef for m in self.members], "vf_coef": [m.vf_coef for m in self.members],
                   "max_grad_norm": [m.max_grad_norm for m in self.members],
-                  "target_kl": [m.target_kl if self.spec.target_kl else 0.0 for m in self.members]}
+                  "target_kl": [m.target_kl if self.spec.target_kl else 0.0 for m in self.members],
+                  "gamma": [m.gamma for m in self.members], "gae_lambda": [m.gae_lambda for m in self.members]}
         for key, tensor in self.hparams.items():
             tensor.copy_(torch.tensor(values[key], dtype=tensor.dtype))
 
@@ -357,6 +421,11 @@ class Trainer:
         """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
         ``member_rows`` has each member's)."""
         cfg = self.cfg
+        if self.iteration_call is not None:  # collect() ran the whole iteration
+            metrics = self._iteration_metrics
+            per_member = {f"losses/{key}": value for key, value in metrics.items() if key != "explained_variance"}
+            per_member["losses/explained_variance"] = metrics["explained_variance"]
+            return self._finish_update(per_member)
         self._set_hyperparameters()
         with self.timer.section("update"), skip_guards(self._warm_compiled()), torch_threads(self.update_threads):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
@@ -373,9 +442,12 @@ class Trainer:
             valid = self._member_major(batch["valid"]).float()
             per_member["losses/explained_variance"] = explained_variance(
                 self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid, dim=-1)
-            per_member["charts/learning_rate"] = self.hparams["lr"].float()
-            if any(m.anneal_clip for m in self.members):
-                per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
+        return self._finish_update(per_member)
+
+    def _finish_update(self, per_member: dict) -> dict:
+        per_member["charts/learning_rate"] = self.hparams["lr"].float()
+        if any(m.anneal_clip for m in self.members):
+            per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
         self._member_metrics = per_member
         self.iteration += 1
         self._updates_here += 1

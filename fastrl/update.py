@@ -346,26 +346,63 @@ class Update:
         """Some minibatch steps of the update: ``index [count, B / n_minibatches]`` their rows (None: A2C's one step
         on the whole batch). ``active`` (0-d bool): False once target_kl stopped the update; ``epoch_ends [count]``
         (bool, needed with target_kl) marks the steps that end an epoch. Returns ``(params, opt_state, sums,
-        active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``."""
-        spec = self.spec
-        zero = torch.zeros(params.shape[:-1], device=params.device)
-        stat_keys = stat_names(spec.algo)
-        sums = {key: zero for key in (*stat_keys, "n_updates", "nonfinite_updates")}
+        active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``.
+        The loop twin of ``scan_steps``: one ``step`` per minibatch."""
+        carry = (params, opt_state, self.zero_sums(params), active)
         for j in range(1 if index is None else index.shape[-2]):
-            minibatch = self.minibatch(batch, index, j)
-            grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
-            if self.rank_mean is not None:
-                grad, loss, stats = self.across_ranks(grad, loss, stats)
-            params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
-                                                                          keep=active)
-            stats = {**stats, "grad_norm": grad_norm}
-            for key in stat_keys:  # where, not a product: a skipped step's NaN must not reach the sums
-                sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
-            sums["n_updates"] = sums["n_updates"] + applied.float()
-            sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
-            if spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one
-                limit = hparams.get("target_kl", spec.target_kl)
-                active = active & ~(epoch_ends[j] & (limit > 0) & (stats["approx_kl"] > limit))
+            carry = self.step(carry, self.minibatch(batch, index, j), hparams,
+                              None if epoch_ends is None else epoch_ends[j])
+        return carry
+
+    def scan_steps(self, params, opt_state: dict, batch: tuple, index, hparams: dict, active, epoch_ends,
+                   loop: bool = False):
+        """Every member's minibatch steps as one ``torch._higher_order_ops.scan`` over the minibatches, each step
+        ``vmap``'d over the K members (``params [K, P]``, ``batch`` ``[K, B, ...]``, ``index [K, count, mb]`` rows,
+        ``hparams`` / ``active`` ``[K]``, ``epoch_ends [count]``). Compiled, the graph holds one step whatever the
+        count (unrolled, each step adds about 5 s of compiling on a 2-core CPU). ``loop``: the same body in a
+        Python loop (its eager twin). PPO / APPO rows only. Returns ``steps``' ``(params, opt_state, sums, active)``."""
+        k = params.shape[0]
+        step = members_call(k, self.step, (0, 0, 0, None))
+        members = torch.arange(k, device=params.device)[:, None]
+
+        def body(carry, rows_and_end):
+            rows, epoch_end = rows_and_end
+            minibatch = tuple(tensor[members, rows] for tensor in batch)
+            params, opt_state, sums, active = step(carry, minibatch, hparams, epoch_end)
+            # Without target_kl ``active`` comes back as it went in: a scan's outputs may not alias its inputs.
+            return (params, opt_state, sums, active.clone()), active.clone()
+        carry = (params, opt_state, self.zero_sums(params), active.clone())
+        xs = (index.transpose(0, 1), epoch_ends)
+        if loop:
+            for j in range(index.shape[1]):
+                carry, _ = body(carry, (xs[0][j], xs[1][j]))
+            return carry
+        from torch._higher_order_ops.scan import scan
+        return scan(body, carry, xs)[0]
+
+    def zero_sums(self, params) -> dict:
+        """The step statistics' running sums, zero (``[K]`` or 0-d), one tensor per key."""
+        keys = (*stat_names(self.spec.algo), "n_updates", "nonfinite_updates")
+        # zeros_like, not zeros: under vmap the sums are then batched as the carry a step returns (scan's rule).
+        return {key: torch.zeros_like(params[..., 0]) for key in keys}
+
+    def step(self, carry: tuple, minibatch: tuple, hparams: dict, epoch_end) -> tuple:
+        """One minibatch step: ``carry = (params, opt_state, sums, active)`` -> the same after the step."""
+        params, opt_state, sums, active = carry
+        grad, loss, stats = self.gradient(params, opt_state, minibatch, hparams)
+        if self.rank_mean is not None:
+            grad, loss, stats = self.across_ranks(grad, loss, stats)
+        params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
+                                                                      keep=active)
+        stats = {**stats, "grad_norm": grad_norm}
+        sums = dict(sums)
+        for key in stat_names(self.spec.algo):  # where, not a product: a skipped step's NaN must not reach the sums
+            sums[key] = sums[key] + torch.where(applied, stats[key].float(), torch.zeros_like(sums[key]))
+        sums["n_updates"] = sums["n_updates"] + applied.float()
+        sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
+        if self.spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one
+            limit = hparams.get("target_kl", self.spec.target_kl)
+            active = active & ~(epoch_end & (limit > 0) & (stats["approx_kl"] > limit))
         return params, opt_state, sums, active
 
     def minibatch(self, batch: tuple, index, j: int) -> tuple:
@@ -436,6 +473,28 @@ class Update:
                 opt_state[key].copy_(value)
             sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
         return {**finish_metrics(sums), **stats}
+
+
+def members_call(k: int, fn, in_dims=0):
+    """``fn`` of one member -> ``fn`` of K members' ``[K, ...]`` arguments (dicts and tuples of them): ``vmap(fn,
+    in_dims)`` at K > 1; at K = 1 the call on the one member's tensors, what vmap computes without its eager
+    overhead. ``in_dims``: 0, or per argument 0 or None (passed as it is)."""
+    if k > 1:
+        return vmap(fn, in_dims=in_dims)
+
+    def call(*args):
+        dims = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
+        out = fn(*(arg if dim is None else _tree(lambda x: x[0], arg) for arg, dim in zip(args, dims)))
+        return _tree(lambda x: x[None], out)
+    return call
+
+
+def _tree(fn, tree):
+    if isinstance(tree, dict):
+        return {key: _tree(fn, value) for key, value in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_tree(fn, value) for value in tree)
+    return fn(tree) if isinstance(tree, torch.Tensor) else tree
 
 
 def initial_opt_state(spec: UpdateSpec, params: torch.Tensor) -> dict:

@@ -36,47 +36,19 @@ def test_compiled_rollout_step_equals_the_eager_loop():
     with guards skipped."""
     _, eager, eager_stats = _collect("off")
     trainer, compiled, compiled_stats = _collect("default")
-    assert trainer.rollout_step is not None and trainer.rollout_step.compiled and not trainer.rollout_step.fused
+    assert trainer.rollout_step is not None and trainer.rollout_step.compiled
     _assert_same_rollouts(eager, compiled)
     assert eager_stats["count"] == compiled_stats["count"]
     torch.testing.assert_close(eager_stats["returns"], compiled_stats["returns"])
 
 
-def test_fused_rollout_with_the_torch_env_equals_its_eager_loop():
-    """env_backend torch: the env step, its auto-reset, the flag writes and the episode bookkeeping run inside the
-    compiled graph. Same seed: the same trajectories and the same finished episodes as the eager loop, which steps
-    the env with ``env.step`` and records episodes as they end. Enough steps that episodes end and reset."""
-    _, eager, eager_stats = _collect("off", iterations=3, env_backend="torch")
-    trainer, compiled, compiled_stats = _collect("default", iterations=3, env_backend="torch")
-    assert trainer.rollout_step.fused and trainer.rollout_step.compiled
-    assert eager_stats["count"] > 0 and bool(eager[-1]["valid"].logical_not().any())  # resets happened
-    _assert_same_rollouts_close(eager, compiled)
-    assert eager_stats["count"] == compiled_stats["count"]
-    torch.testing.assert_close(eager_stats["returns"], compiled_stats["returns"])
-    torch.testing.assert_close(eager_stats["lengths"], compiled_stats["lengths"])
-
-
-def _assert_same_rollouts_close(eager, compiled):
-    """As ``_assert_same_rollouts``, with observations compared to float rounding (inductor's float64 sin/cos differ
-    from eager's in the last bit)."""
-    for a, b in zip(eager, compiled):
-        for key in ("action", "valid", ("next", "reward"), ("next", "done"), ("next", "terminated"),
-                    ("next", "truncated")):
-            assert torch.equal(a[key], b[key]), key
-        for key in ("observation", "sample_log_prob", "state_value", ("next", "state_value")):
-            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
-
-
 def test_compile_auto_plans_the_rollout_by_run_length():
     """compile auto on CPU: the rollout step compiles only when the run has enough rollout steps to repay the
-    compile (fewer with the env fused in). That the plan ignores the cache, and CUDA's plan: tests/test_update.py."""
-    from fastrl.compile import (CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS, CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan,
-                                compile_plan)
+    compile. That the plan ignores the cache, and CUDA's plan: tests/test_update.py; the whole iteration's plan:
+    tests/test_iteration.py."""
+    from fastrl.compile import CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan, compile_plan
     cpu = torch.device("cpu")
-    unfused, fused = CPU_ROLLOUT_COMPILE_MIN_STEPS, CPU_FUSED_ROLLOUT_COMPILE_MIN_STEPS
-    assert fused < unfused
+    unfused = CPU_ROLLOUT_COMPILE_MIN_STEPS
     assert compile_plan("auto", cpu, 0, rollout_steps=unfused - 1).rollout == "off"
     assert compile_plan("auto", cpu, 0, rollout_steps=unfused).rollout == "default"
-    assert compile_plan("auto", cpu, 0, rollout_steps=fused - 1, fused_rollout=True).rollout == "off"
-    assert compile_plan("auto", cpu, 0, rollout_steps=fused, fused_rollout=True).rollout == "default"
     assert compile_plan("off", cpu, 10**9, rollout_steps=10**9) == CompilePlan("off", "off", 1)

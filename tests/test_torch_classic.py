@@ -276,34 +276,6 @@ def test_backend_selection_and_spaces():
     assert set(TORCH_ENVS) == set(ENV_IDS) | {"CartPole-v0"}
 
 
-def test_fused_compiled_rollout_with_continuous_actions_equals_eager():
-    """Pendulum-v1 on env_backend torch, with gSDE as its tuned config has it: the compiled rollout step holds the
-    policy and the env step in one graph; it takes the eager loop's actions and sees the same rewards and flags
-    (observations to float rounding)."""
-    def collect(mode):
-        cfg = make_config(dict(env="Pendulum-v1", env_backend="torch", n_envs=4, n_steps=16, total_steps=4 * 16 * 4,
-                               seed=3, compile=mode, use_sde=True, progress=False, tensorboard=False,
-                               wandb="disabled", plot=False))
-        from fastrl.trainer import Trainer
-        trainer = Trainer(cfg)
-        buffers = []
-        for _ in range(2):
-            trainer.collect()
-            buffers.append(trainer.buffer.clone())
-        trainer.close()
-        return trainer, buffers
-
-    _, eager = collect("off")
-    trainer, compiled = collect("default")
-    assert trainer.rollout_step.fused and trainer.rollout_step.compiled
-    for a, b in zip(eager, compiled, strict=True):
-        for key in ("valid", ("next", "done"), ("next", "terminated"), ("next", "truncated")):
-            assert torch.equal(a[key], b[key]), key
-        for key in ("observation", "action", ("next", "reward"), "sample_log_prob"):
-            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-5)
-    assert float(eager[0][("next", "reward")].min()) < -1.0, "Pendulum's costs must reach the buffer"
-
-
 def test_train_command_on_a_continuous_torch_env(tmp_path):
     """``fastrl train --env Pendulum-v1 --env-backend torch``: a tiny run (gSDE, the tuned config) finishes and
     records finite returns."""
