@@ -202,7 +202,7 @@ def run_variant(base: dict, yaml_path: str, warmup_iterations: int, iterations: 
     from torch._dynamo.utils import counters
 
     from fastrl.config import make_config
-    from fastrl.train import Trainer
+    from fastrl.run.trainer import Trainer
     torch._dynamo.reset()  # each variant compiles afresh (and stays under dynamo's per-function cache limit)
     skips_before = counters["inductor"]["cudagraph_skips"]
     cfg = make_config({**base, **QUIET, "device": str(device)}, yaml_path)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.impala_sps [--quick] [--env CartPole-v1] [--actors 1 2] [--out FILE]
 
-Each case is a real ``fastrl.train.run`` run (spawned actors, shared-memory slots) on the tuned CartPole
+Each case is a real ``fastrl.run.session.run`` run (spawned actors, shared-memory slots) on the tuned CartPole
 config's shapes (16 envs x 32 steps per rollout, one rollout and one V-trace step per update). Rates are medians over the log
 intervals after the first (which holds the actors' start-up: spawning and importing torch). The queue
 columns answer "is the learner ever idle while data is waiting?": ``learner wait`` is the fraction of
@@ -31,7 +31,7 @@ def run_case(env: str, n_actors: int, sync_interval: int, total_steps: int, algo
                            "total_steps": total_steps, "lr": 1e-3, "gamma": 0.98, "log_interval": 10,
                            "eval_episodes": 0, "tensorboard": False, "wandb": "disabled", "progress": False,
                            "run_dir": tmp, "seed": 1})
-        from fastrl.train import run
+        from fastrl.run.session import run
         summary = run(cfg)
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]
     steady = rows[1:] or rows

@@ -9,7 +9,7 @@ and compiled, and a population's?
    - ``eager``: the torch.optim twin, CleanRL's step: the module's forward, ``kernels.ppo_loss``, backward,
      ``clip_grad_norm_`` and fused ``torch.optim.Adam`` (what fastrl ran before the pure update), on minibatches of
      one batch of the agent's own actions;
-   - ``pure_eager``: ``fastrl.trainer.Trainer.update()`` of a run with ``--compile off`` (the pure update through the
+   - ``pure_eager``: ``fastrl.run.trainer.Trainer.update()`` of a run with ``--compile off`` (the pure update through the
      bound module), per minibatch step: one call runs the GAE of its batch and all ``N_EPOCHS x N_MINIBATCHES`` steps;
    - ``compiled``: the same with ``--compile MODE`` (``--mode``): the trainer's compile plan decides the steps per
      compiled call and when guards are skipped, as in a run;
@@ -50,8 +50,8 @@ from benchmarks.common import (
 )
 from fastrl import kernels
 from fastrl.config import make_config
-from fastrl.trainer import Trainer
-from fastrl.update import minibatch_index
+from fastrl.run.trainer import Trainer
+from fastrl.learn.update import minibatch_index
 
 # name -> (model, minibatch size)
 CASES = {

@@ -173,7 +173,7 @@ def summarize_run(lib: str, curve: list, threshold, wall_s: float, total_steps: 
 
 
 def run_fastrl(cfg) -> dict:
-    from fastrl.train import run
+    from fastrl.run.session import run
     with tempfile.TemporaryDirectory(prefix="fastrl-peers-") as tmp:
         summary = run(dataclasses.replace(cfg, run_dir=tmp))
         rows = [json.loads(line) for line in (Path(tmp) / "metrics.jsonl").read_text().splitlines()]

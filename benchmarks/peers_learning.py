@@ -2,7 +2,7 @@
 ``learning`` parts of ``python -m benchmarks.peers``.
 
 ``peers``: for every (env, algo, seed), in the same process and alternating which goes first:
-- ``fastrl``: ``fastrl.train.run(make_config(...))`` on EnvPool envs, with ``stop_at_return`` = the env's threshold.
+- ``fastrl``: ``fastrl.run.session.run(make_config(...))`` on EnvPool envs, with ``stop_at_return`` = the env's threshold.
 - ``sb3``: SB3 ``PPO`` / ``A2C`` (``MlpPolicy``) on Gymnasium ``DummyVecEnv`` envs (SB3 as users run it), with the
   same hyperparameters and a callback that records the curve and stops at the same threshold.
 Each run ends when the mean return of the last 100 episodes reaches the threshold (checked every ``log_interval``

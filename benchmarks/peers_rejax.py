@@ -136,8 +136,8 @@ class RejaxEval:
         self.next_at, self.env, self.evals = every, None, []
 
     def evaluate(self, agent, device) -> float:
-        from fastrl.envs import make_env
-        from fastrl.evaluate import play_first_episodes
+        from fastrl.envs.batched import make_env
+        from fastrl.run.evaluate import play_first_episodes
         if self.env is None:
             self.env = make_env(self.cfg, n_envs=self.episodes, seed=self.cfg.seed + 1_000_003, training=False)
         with torch.no_grad():
@@ -160,7 +160,7 @@ class RejaxEval:
 
 def run_fastrl_rejax(cfg, every: int, episodes: int, threshold: float) -> dict:
     """fastrl at rejax's config with ``RejaxEval``; training seconds leave the evaluations out."""
-    from fastrl.train import run
+    from fastrl.run.session import run
     evaluator = RejaxEval(cfg, every, episodes, threshold)
     try:
         with tempfile.TemporaryDirectory(prefix="fastrl-peers-") as tmp:

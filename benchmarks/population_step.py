@@ -6,7 +6,7 @@ For K members of the 64x64 MLP actor-critic at the shapes of the zoo's eager pop
 forward, loss, gradient, global-norm clip, Adam or RMSprop, guards, statistics) for one minibatch step, eagerly, as the
 trainer runs it (``[K, P]`` weights, no vmap):
 
-- ``hand``: the loss and gradient derived by hand (``fastrl.mlp_gradient``, what the trainer runs);
+- ``hand``: the loss and gradient derived by hand (``fastrl.learn.mlp_gradient``, what the trainer runs);
 - ``autograd``: the same step through autograd (one batched forward, one backward of the members' summed losses).
 
 Cases: CartPole at the zoo's PPO settings (discrete, one minibatch of 256 rows), MountainCarContinuous (Gaussian,
@@ -14,7 +14,7 @@ minibatch 256), Pendulum (gSDE, minibatch 64), A2C CartPole (8 envs x 5 steps, o
 is timed in blocks of calls, interleaved round-robin (the order reversed every round); the figure is the median of
 ``--repeats`` blocks, in microseconds per step of all K members, and the ratio autograd / hand of those medians. The
 machine's load average is recorded at the start and the end. glibc's thresholds are set as the trainer sets them
-(``fastrl.allocator``). Prints a Markdown table; writes JSON only to ``--out``.
+(``fastrl.run.allocator``). Prints a Markdown table; writes JSON only to ``--out``.
 """
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ import time
 import torch
 
 from benchmarks.common import interleaved, load_average, machine_info, markdown_table, write_json
-from fastrl.allocator import keep_freed_memory
+from fastrl.run.allocator import keep_freed_memory
 from fastrl.config import make_config
-from fastrl.envs import ActionSpec
-from fastrl.models import ActorCritic
-from fastrl.stacked import FlatLayout
-from fastrl.update import Update, UpdateSpec, member_hparams
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import ActorCritic
+from fastrl.learn.stacked import FlatLayout
+from fastrl.learn.update import Update, UpdateSpec, member_hparams
 
 # name -> (config overrides, observation size, action spec, rows per minibatch)
 CASES = {

@@ -2,7 +2,7 @@
 
     python -m benchmarks.ray_actors [--quick] [--envs CartPole-v1 Breakout-v5] [--rounds 1] [--out FILE]
 
-Each case is a real ``fastrl.train.run`` run with the same shapes for both pools (the same total envs: ``n_envs``, all
+Each case is a real ``fastrl.run.session.run`` run with the same shapes for both pools (the same total envs: ``n_envs``, all
 actors' together), side by side in one process: ``--actors local`` (spawned processes, shared-memory slots) and
 ``--actors ray`` (Ray actors on a single-node Ray cluster this script starts on 127.0.0.1, so both pools share the
 same cores). Rates are medians over the log intervals after the first (which holds the actors' start-up). Ray's
@@ -33,7 +33,7 @@ SHAPES = {
 
 def run_case(env: str, actors: str, total_steps: int) -> dict:
     from fastrl.config import make_config
-    from fastrl.train import run
+    from fastrl.run.session import run
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = make_config({"algo": "impala", "env": env, "actors": actors, **SHAPES[env], "n_minibatches": 1,

@@ -206,7 +206,7 @@ def learner_section(report: dict) -> list:
              f"{r['speedup']:.2f}x" if r.get("speedup") else "-", us(r, "population_us"),
              (r.get("load_average_after") or ["?"])[0]] for r in report["results"]]
     lines = [f"One PPO minibatch gradient step (gather, forward, loss, backward, clip, Adam), µs: the torch.optim twin "
-             f"(CleanRL's step, fused Adam) against `fastrl.trainer.Trainer.update()` per step, eager (`--compile "
+             f"(CleanRL's step, fused Adam) against `fastrl.run.trainer.Trainer.update()` per step, eager (`--compile "
              f"off`) and compiled (`--compile {report.get('mode', 'default')}`, the trainer's own compile plan; "
              f"speed-up over torch.optim), and {k} members (`--n-seeds {k}`, µs per member-step). `python -m "
              f"benchmarks.learner`, median of {report.get('repeats', '?')} samples. ({_when(report)})", "",
@@ -288,7 +288,7 @@ def zoo_rows_cache(rows: list) -> str:
         return ""
     count = first["compile_cache_files_at_start"]
     if any(row.get("compile_cache_files_at_start") is not None and not row.get("compile_cache_dir") for row in rows):
-        # Recorded before the rows named their cache (before fastrl.compile.compile_cache_dir set torch's own default
+        # Recorded before the rows named their cache (before fastrl.run.compile.compile_cache_dir set torch's own default
         # aside): only the first row used the one counted.
         start = "was empty" if count == 0 else f"held {count:,} files"
         return (f" fastrl's compile cache {start} when the first row started; the later rows' training processes "

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import default_out, machine_info, markdown_table, rate_summary, write_json
-from fastrl.async_env import ASYNC_GROUPS
+from fastrl.envs.async_env import ASYNC_GROUPS
 from fastrl.config import UserError, make_config
-from fastrl.envs import atari_kwargs, is_atari
-from fastrl.train import Trainer
+from fastrl.envs.registry import atari_kwargs, is_atari
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", eval_episodes=0)
 ENVS = ("CartPole-v1", "LunarLander-v2", "Pong-v5", "Breakout-v5")

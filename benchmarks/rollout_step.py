@@ -9,7 +9,7 @@ sampling, the env step and the buffer writes for all ``n_envs`` envs), the media
 ``T``-step ``collect()`` (the bootstrap forward included, once per T steps). Contenders:
 
 - ``eager``: ``Trainer.collect()`` with ``compile off``, EnvPool.
-- ``compiled``: ``compile default``: ``fastrl.rollout.CompiledRolloutStep`` (forward, sampling, writes in one graph)
+- ``compiled``: ``compile default``: ``fastrl.run.rollout.CompiledRolloutStep`` (forward, sampling, writes in one graph)
   and EnvPool's step as one call outside it (what fastrl runs).
 - ``custom-op``: the same graph with the EnvPool step inside it, as a ``torch.library.custom_op`` (a Python-backed
   op, opaque to inductor: the graph splits around it), writing the env's outputs in the graph too.
@@ -26,9 +26,9 @@ import time
 import torch
 
 from benchmarks.common import default_out, interleaved, machine_info, markdown_table, write_json
-from fastrl.compile import skip_guards
+from fastrl.run.compile import skip_guards
 from fastrl.config import make_config
-from fastrl.train import Trainer
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", eval_episodes=0)
 CONTENDERS = ("eager", "compiled", "custom-op")

@@ -73,7 +73,7 @@ def sb3_kwargs(cfg) -> dict:
 # ---------------------------------------------------------------------------------------------- contenders
 class FastrlContender:
     def __init__(self, cfg):
-        from fastrl.train import Trainer
+        from fastrl.run.trainer import Trainer
         self.trainer = Trainer(cfg)
         self.steps_per_iteration = self.trainer.steps_per_iteration
 

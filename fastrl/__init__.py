@@ -9,6 +9,18 @@ Entry points: ``python -m fastrl.train``, the ``fastrl`` console script, and the
 
 ``fastrl.train`` takes every config key as a typed keyword (``help(fastrl.train)``); ``fastrl.Config`` is the typed
 config itself. The names below are imported on first use, so ``import fastrl`` stays light (no torch until then).
+
+The map: data flows left to right, and a package imports only those to its left (``fastrl.kernels``: torch only)::
+
+    config -> envs -> learn -> distributed -> run -> api, collector -> cli, train
+    config.py     typed dataclasses, YAML + flags; beside it names, signals, _startup, bounded_yaml, hints
+    envs/         EnvPool, Gymnasium, TorchRL and torch-native envs, their spaces, the rollout buffer they fill
+    learn/        models, losses, optimizers, the pure update (given envs' observation shapes and action specs)
+    distributed/  torchrun ranks, IMPALA/APPO actor processes and Ray actors, async collection, seeds
+    run/          the iteration, the trainers, the loop, checkpoints, run dirs, logging, evaluation;
+                  session.run(cfg) is one run whatever the door
+    api.py        train / load / evaluate / Agent; collector.py: TorchRL's Collector over a Trainer
+    cli/          fastrl train | eval | tune | plot; train.py is ``python -m fastrl.train``
 """
 import importlib
 import importlib.util
@@ -24,17 +36,16 @@ _LAZY = {
     "Agent": "fastrl.api",
     "Config": "fastrl.config",
     "UserError": "fastrl.config",
-    "EvalCallback": "fastrl.callbacks",
-    "StopOnReturn": "fastrl.callbacks",
-    "register_env_factory": "fastrl.envs",
-    "to_torchrl": "fastrl.torchrl_adapter",
+    "EvalCallback": "fastrl.run.callbacks",
+    "StopOnReturn": "fastrl.run.callbacks",
+    "register_env_factory": "fastrl.envs.registry",
+    "to_torchrl": "fastrl.envs.torchrl_adapter",
     "Collector": "fastrl.collector",
 }
 __all__ = ["__version__", "train", "load", "evaluate", "Run", "Agent", "Config", "UserError", "EvalCallback",
            "StopOnReturn", "register_env_factory", "to_torchrl", "Collector"]
-# fastrl.train and fastrl.evaluate are the API's functions, though modules of those names exist (the command's
-# ``python -m fastrl.train``, the evaluation code): importing such a module must not replace the function here.
-_FUNCTIONS_OVER_MODULES = ("train", "evaluate")
+# fastrl.train is the API's function, though a module of that name exists (the command's ``python -m fastrl.train``):
+# importing that module must not replace the function here.
 
 
 def _version() -> str:
@@ -57,7 +68,7 @@ def __getattr__(name: str):
         return value
     if name not in _LAZY:
         if not name.startswith("_") and importlib.util.find_spec(f"fastrl.{name}") is not None:
-            return importlib.import_module(f"fastrl.{name}")  # a submodule, e.g. fastrl.callbacks.EvalCallback
+            return importlib.import_module(f"fastrl.{name}")  # a subpackage, e.g. fastrl.run
         raise AttributeError(f"module 'fastrl' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value
@@ -70,7 +81,7 @@ def __dir__():
 
 class _Package(types.ModuleType):
     def __setattr__(self, name, value):
-        if name in _FUNCTIONS_OVER_MODULES and isinstance(value, types.ModuleType):
+        if name == "train" and isinstance(value, types.ModuleType):
             return  # ``import fastrl.train`` binds the module here: the function keeps the name
         super().__setattr__(name, value)
 

@@ -14,7 +14,7 @@
 ``train`` runs what ``python -m fastrl.train`` runs (preflight checks, the run directory, the algorithm's trainer,
 the one run loop), so both write the same run directory. ``env`` is an EnvPool or Gymnasium id, ``module:Id`` (the
 module is imported first, so its registration runs), a ``gymnasium.Env`` subclass or a zero-argument factory
-returning a ``gymnasium.Env`` (see ``fastrl.envs.env_name``). A mistake in what was asked raises
+returning a ``gymnasium.Env`` (see ``fastrl.envs.registry.env_name``). A mistake in what was asked raises
 ``fastrl.config.UserError`` with a one-line message.
 """
 from __future__ import annotations
@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
-from fastrl.envs import RunningMeanStd, env_name, normalize_observation
-from fastrl.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
+from fastrl.envs.registry import env_name
+from fastrl.envs.stats import RunningMeanStd, normalize_observation
+from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
 
 
 def train(
@@ -88,9 +89,9 @@ def train(
     name, a dict of config keys or a ``fastrl.Config``, whose fields that differ from ``Config()`` count as set. Like
     flags, what it sets lies over the env's tuned config (``Config(env="HalfCheetah-v4")`` trains with
     ``configs/ppo/halfcheetah.yaml`` under its values, as ``--env HalfCheetah-v4`` does); a field left at its default
-    takes the tuned value, so pass a value equal to the default as a keyword. ``fastrl.run_config`` builds every
+    takes the tuned value, so pass a value equal to the default as a keyword. ``fastrl.run.run_config`` builds every
     door's config the same way. ``callbacks``: callables ``(metrics, run) -> bool`` called
-    after every iteration (False stops the run; see ``fastrl.callbacks``).
+    after every iteration (False stops the run; see ``fastrl.run.callbacks``).
 
     Every keyword after them is a field of ``fastrl.Config`` of the same name and type (its meaning and default:
     ``fastrl train --help``, where ``n_envs`` is ``--n-envs``); None, the default, leaves it to ``config``, else to
@@ -127,9 +128,9 @@ def train(
     if unknown:
         raise _unknown_key(next(iter(unknown)), "the fastrl.train() arguments")
     refuse_in_spawned_child()
-    from fastrl.callbacks import check_callbacks
-    from fastrl.run_config import build_config
-    from fastrl.train import run
+    from fastrl.run.callbacks import check_callbacks
+    from fastrl.run.run_config import build_config
+    from fastrl.run.session import run
 
     given = {}
     if algo is not None:
@@ -149,7 +150,7 @@ def train(
     cfg, resume_state = build_config(given, config, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
     try:
-        summary = run(cfg, resume_state, callbacks)
+        summary = run(cfg, resume_state, callbacks, agent_type=Agent)
     finally:
         torch.set_num_threads(threads)  # the trainer picks its own thread count; the caller's process keeps its own
         if made_vector_env is not None:
@@ -166,11 +167,11 @@ def _is_vector_env(env) -> bool:
 def _vector_env_of(env):
     """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` (or a
     TorchRL env) is called once, and ``made`` is that vector env (which ``train`` closes at the end); a TorchRL env
-    becomes a ``fastrl.torchrl_adapter.TorchRLVectorEnv`` (``made`` None); anything else is returned as it is
+    becomes a ``fastrl.envs.torchrl_adapter.TorchRLVectorEnv`` (``made`` None); anything else is returned as it is
     (``made`` None). A function that makes a single env is called once more than it would be otherwise: the env it
     made here is closed at once."""
     import gymnasium
-    from fastrl.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    from fastrl.envs.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
     if is_torchrl_env(env):  # an nn.Module, so callable: it is the env, not a factory
         return TorchRLVectorEnv(env), None
     is_class = isinstance(env, type)
@@ -244,7 +245,7 @@ def refuse_in_spawned_child() -> None:
     actor. The child exits at once with ``NO_MAIN_GUARD_EXIT`` instead, and the learner turns that into one line."""
     import multiprocessing.process
     if getattr(multiprocessing.process.current_process(), "_inheriting", False):  # still bootstrapping
-        from fastrl.actor_learner import NO_MAIN_GUARD_EXIT
+        from fastrl.distributed.actors import NO_MAIN_GUARD_EXIT
         os._exit(NO_MAIN_GUARD_EXIT)
 
 
@@ -278,17 +279,17 @@ def load(path: str | os.PathLike, best: bool = False, env: str | type | Callable
     such an env); ``policy``: the same for a saved custom policy class (the class, or its ``module:ClassName``),
     needed to build the model; ``device`` is where the policy runs. ``member``: which agent of a population run
     (``--n-seeds``/``--vary``)."""
-    from fastrl.callbacks import best_checkpoint_path
-    from fastrl.checkpoint import (checkpoint_config, checkpoint_spaces, load_checkpoint, resolve_checkpoint,
+    from fastrl.run.callbacks import best_checkpoint_path
+    from fastrl.run.checkpoint import (checkpoint_config, checkpoint_spaces, load_checkpoint, resolve_checkpoint,
                                    select_member)
-    from fastrl.distributed import resolve_device
+    from fastrl.distributed.torchrun import resolve_device
 
     target = Path(path)
     if best:
         if target.is_dir():
             target = best_checkpoint_path(target) if (target / "checkpoints").is_dir() else target / "best.pt"
         if not target.is_file():
-            raise UserError(f"no best checkpoint at {str(target)!r}; it is written by fastrl.callbacks.EvalCallback "
+            raise UserError(f"no best checkpoint at {str(target)!r}; it is written by fastrl.run.callbacks.EvalCallback "
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
@@ -319,7 +320,7 @@ def evaluate(path: str | os.PathLike, *, episodes: int = 10, seeds: int = 1, det
 
 
 def _probe(probe, cfg: Config, hint: str):
-    """``probe(cfg)`` (``fastrl.envs.probe_env`` or ``probe_spaces``), ``hint`` added to its one-line errors."""
+    """``probe(cfg)`` (``fastrl.envs.batched.probe_env`` or ``probe_spaces``), ``hint`` added to its one-line errors."""
     try:
         return probe(cfg)
     except UserError as e:
@@ -345,9 +346,9 @@ class Agent:
 
     def __init__(self, state: dict, cfg: Config, device: torch.device, path: Path | None = None,
                  env_named: bool = True):
-        from fastrl.checkpoint import checkpoint_spaces, load_weights
-        from fastrl.envs import probe_spaces
-        from fastrl.models import make_agent
+        from fastrl.run.checkpoint import checkpoint_spaces, load_weights
+        from fastrl.envs.batched import probe_spaces
+        from fastrl.learn.models import make_agent
         self.config, self.device, self.path, self._state, self._env_named = cfg, device, path, state, env_named
         spaces = checkpoint_spaces(state, f"checkpoint {path}") or _probe(
             probe_spaces, cfg, "pass env= to fastrl.load to name the env this agent acts in")
@@ -468,7 +469,7 @@ class Agent:
         """Write this agent to one self-contained file (weights, config, observation normalizer, optimizer state and
         counters: a fastrl checkpoint), atomically; ``fastrl.load(path)`` reads it, ``fastrl.train(resume=path)``
         continues its training. Returns the path."""
-        from fastrl.checkpoint import save_checkpoint
+        from fastrl.run.checkpoint import save_checkpoint
         return save_checkpoint(self._checkpoint_state(), Path(path))
 
     @property
@@ -482,8 +483,8 @@ class Agent:
         state and step count included, to the budget ``global_step + steps`` (the learning-rate schedule is
         stretched over that new total; ``overrides``: config keys, e.g. ``lr``). The agent then holds the new
         weights; returns the ``Run``."""
-        from fastrl.checkpoint import checkpoint_path, save_checkpoint
-        from fastrl.rundir import default_run_dir, holds_run
+        from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
+        from fastrl.run.rundir import default_run_dir, holds_run
         if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
             raise UserError(f"learn: steps must be a positive int, got {steps!r}")
         if "total_steps" in overrides or "resume" in overrides:
@@ -507,11 +508,11 @@ class Agent:
         ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``); a cut
         episode counts its return so far. ``env``: another env than the run's (an id, ``module:Id``, class or
         factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
-        from fastrl.evaluate import evaluate
+        from fastrl.run.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
-        from fastrl.checkpoint import checkpoint_config
-        from fastrl.envs import probe_env
+        from fastrl.run.checkpoint import checkpoint_config
+        from fastrl.envs.batched import probe_env
         cfg = self.config
         if env is None and not self._env_named:
             checkpoint_config(self._state, f"checkpoint {self.path}")  # refuses a saved module:Name env

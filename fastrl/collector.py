@@ -2,11 +2,11 @@
 of your own, TorchRL's for instance::
 
     collector = fastrl.Collector("CartPole-v1", n_envs=8, n_steps=128)  # or a TorchRL env, a Config, agent=...
-    buffer = collector.collect()      # fastrl's time-major [T, N] rollout TensorDict (see fastrl.buffers)
+    buffer = collector.collect()      # fastrl's time-major [T, N] rollout TensorDict (see fastrl.envs.buffers)
     td = collector.to_torchrl()       # the same rollout in TorchRL's batch-first [N, T] layout (fastrl.to_torchrl)
     collector.close()
 
-It is the trainer of ``fastrl.train`` (``collector.trainer``, a ``fastrl.trainer.Trainer``) asked only to ``collect``:
+It is the trainer of ``fastrl.train`` (``collector.trainer``, a ``fastrl.run.trainer.Trainer``) asked only to ``collect``:
 ``policy`` is the ``nn.Module`` that acts (sampling its actions), ``buffer`` the rollout ``collect`` refills each call
 (clone what you keep), ``next_obs`` the observations after its last step.
 """
@@ -29,9 +29,9 @@ class Collector:
     def __init__(self, env_or_config=None, agent=None, **overrides):
         from fastrl.api import _fit_to_vector_env, _is_vector_env, _vector_env_of
         from fastrl.config import YAML_IGNORED, Config, UserError
-        from fastrl.envs import env_name
-        from fastrl.run_config import build_config, config_layer
-        from fastrl.trainer import Trainer
+        from fastrl.envs.registry import env_name
+        from fastrl.run.run_config import build_config, config_layer
+        from fastrl.run.trainer import Trainer
         given, config, self._made = {}, None, None
         if isinstance(env_or_config, (Config, dict)) or (isinstance(env_or_config, (str, os.PathLike))
                                                         and str(env_or_config).endswith((".yaml", ".yml"))):
@@ -84,8 +84,8 @@ class Collector:
 
     def to_torchrl(self, **kwargs):
         """The last rollout as TorchRL's ``[N, T]`` TensorDict, with ``("next", "observation")``: ``fastrl.to_torchrl
-        (buffer, next_obs, **kwargs)`` (a copy; see ``fastrl.torchrl_adapter`` for the layout)."""
-        from fastrl.torchrl_adapter import to_torchrl
+        (buffer, next_obs, **kwargs)`` (a copy; see ``fastrl.envs.torchrl_adapter`` for the layout)."""
+        from fastrl.envs.torchrl_adapter import to_torchrl
         return to_torchrl(self.trainer.buffer, self.trainer.next_obs, **kwargs)
 
     def close(self) -> None:

@@ -1,7 +1,7 @@
 """Typed run configuration: one flat dataclass, loaded from YAML, overridden from the CLI, validated up front.
 
 Every field is a CLI flag (``n_envs`` -> ``--n-envs``) whose help text is the field's ``help`` metadata. How the
-layers (defaults, the env's tuned config, a YAML file, a ``Config``, flags) stack is ``fastrl.run_config``'s: the
+layers (defaults, the env's tuned config, a YAML file, a ``Config``, flags) stack is ``fastrl.run.run_config``'s: the
 one builder every door goes through. ``make_config`` is its last step: exactly the values given, over the defaults.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ class Config:
     last-100 mean of 475 on a 2-core CPU (large batch, few gradient steps, no value clipping; configs/ppo/cartpole.yaml
     holds the same values and says how they were chosen). Other algorithms start from ``ALGO_DEFAULTS[algo]`` over
     these (``make_config``). Passed to ``fastrl.train(config=...)``, a Config sets the fields that differ from
-    ``Config()``, and those lie over the env's tuned config as flags do (``fastrl.run_config``)."""
+    ``Config()``, and those lie over the env's tuned config as flags do (``fastrl.run.run_config``)."""
     # --- run ---
     algo: str = _f("ppo", "algorithm", ALGOS)
     env: str = _f("CartPole-v1", "environment id: an EnvPool id, any Gymnasium id through the fallback, or module:Id "
@@ -176,7 +176,7 @@ class Config:
     vf_sizes: list = _f([], "hidden widths of the value's MLP trunk (empty: hidden_sizes); separate trunks only")
     policy: str = _f("", "module:ClassName of your own nn.Module actor-critic, built as cls(observation_shape, "
                          "action_spec, config) with get_value, get_action_and_value and act_deterministic (see "
-                         "fastrl.models.ActorCritic), or path/to/file.py:ClassName; empty: the built-in one",
+                         "fastrl.learn.models.ActorCritic), or path/to/file.py:ClassName; empty: the built-in one",
                         code=True)
     activation: str = _f("tanh", "hidden activation", ("tanh", "relu", "elu", "silu"))
     shared_trunk: bool = _f(False, "policy and value share one trunk (else separate trunks)")
@@ -277,7 +277,7 @@ class Config:
     resume: str = _f("", "resume from a run directory or checkpoint file (never read from a YAML file)")
 
     # Where the values under the flags came from (a --config file, an env's tuned config, a general default), for the
-    # run's first line; set by fastrl.run_config.build_config. A plain attribute, not a field: no flag, not in to_dict.
+    # run's first line; set by fastrl.run.run_config.build_config. A plain attribute, not a field: no flag, not in to_dict.
     origin = ""
 
     # Derived sizes are computed once, here.
@@ -567,7 +567,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def make_config(overrides: dict | None = None, yaml_path: str | None = None, where: str = "overrides") -> Config:
     """Defaults < ``ALGO_DEFAULTS[algo]`` < YAML < overrides, coerced and validated: exactly what is given, with no
-    env's tuned config under it (a run's config comes from ``fastrl.run_config.build_config``, which ends here)."""
+    env's tuned config under it (a run's config comes from ``fastrl.run.run_config.build_config``, which ends here)."""
     values: dict = {}
     if yaml_path:
         for key, value in load_yaml(yaml_path).items():

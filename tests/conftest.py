@@ -45,10 +45,10 @@ def one_line_error(fn, *args, **kwargs) -> str:
 
 
 def train_main(args) -> int:
-    """``fastrl.train.main(args)``, restoring the SIGINT/SIGTERM handlers so pytest's Ctrl-C keeps working."""
+    """``fastrl.cli.train.main(args)``, restoring the SIGINT/SIGTERM handlers so pytest's Ctrl-C keeps working."""
     import signal
 
-    from fastrl.train import main
+    from fastrl.cli.train import main
     handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     try:
         return main(args)

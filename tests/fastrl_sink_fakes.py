@@ -6,7 +6,7 @@ its start raises ``RuntimeError("no writer here")``.
 """
 import json
 
-from fastrl.logger import BackgroundSink
+from fastrl.run.logger import BackgroundSink
 
 
 def file_sinks(path: str, fail_open: bool = False) -> list:

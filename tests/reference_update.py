@@ -1,4 +1,4 @@
-"""The plainly-right twin of ``fastrl.update``: one agent module, torch.optim, autograd, a Python loop over minibatches.
+"""The plainly-right twin of ``fastrl.learn.update``: one agent module, torch.optim, autograd, a Python loop over minibatches.
 
 This is the PPO / A2C update as CleanRL writes it (and as fastrl ran it before the pure update): per minibatch
 ``zero_grad``, the loss of ``kernels.ppo_loss_reference`` / ``pg_loss_reference`` on the module's forward,
@@ -6,13 +6,13 @@ This is the PPO / A2C update as CleanRL writes it (and as fastrl ran it before t
 ``target_kl`` the epoch loop breaks once an epoch ends with approx_kl above it. ``reference_learner_update`` is the
 IMPALA / APPO learner's update as fastrl ran it with torch.optim: the T+1 forward, ``kernels.vtrace_reference`` on
 its detached outputs, then IMPALA's ``pg_loss_reference`` per env-column minibatch or APPO's PPO steps. Tests compare
-``fastrl.update`` (and the trainers) against them step for step.
+``fastrl.learn.update`` (and the trainers) against them step for step.
 """
 import torch
 
 from fastrl import kernels
-from fastrl.optim import optimizer_hparams, optimizer_name
-from fastrl.update import LOSS_KEYS, VTRACE_KEYS
+from fastrl.learn.optim import optimizer_hparams, optimizer_name
+from fastrl.learn.update import LOSS_KEYS, VTRACE_KEYS
 
 
 def reference_loss(agent, cfg, minibatch: tuple, clip_coef: float | None = None):

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from conftest import median_of_seeds
-from fastrl.checkpoint import load_checkpoint
+from fastrl.run.checkpoint import load_checkpoint
 from fastrl.config import UserError, load_yaml, make_config
-from fastrl.ppo import compute_advantages
-from fastrl.train import Trainer, run
+from fastrl.learn.ppo import compute_advantages
+from fastrl.run.session import run
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 

@@ -1,10 +1,10 @@
-"""``fastrl.allocator``: glibc's thresholds set once per process on Linux/glibc, nothing elsewhere; the CPU trainer
+"""``fastrl.run.allocator``: glibc's thresholds set once per process on Linux/glibc, nothing elsewhere; the CPU trainer
 asks for them."""
 import platform
 
 import pytest
 
-from fastrl import allocator
+from fastrl.run import allocator
 from fastrl.config import make_config
 
 
@@ -44,7 +44,7 @@ def test_a_refused_setting_or_another_libc_reports_false(fresh, monkeypatch):
 
 
 def test_the_cpu_trainer_keeps_freed_memory(monkeypatch):
-    from fastrl import trainer as trainer_module
+    from fastrl.run import trainer as trainer_module
     asked = []
     monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: asked.append(True))
     t = trainer_module.Trainer(make_config({"total_steps": 256, "n_envs": 4, "n_steps": 16, "compile": "off"}))

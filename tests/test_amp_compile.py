@@ -5,15 +5,15 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-import fastrl.compile
-from fastrl.compile import CompiledOrEager, CompilePlan
+import fastrl.run.compile
+from fastrl.run.compile import CompiledOrEager, CompilePlan
 from fastrl.config import make_config
-from fastrl.envs import ActionSpec
-from fastrl.models import PixelActorCritic
-from fastrl.precision import autocast_factory
-from fastrl.stacked import FlatLayout
-from fastrl.train import Trainer
-from fastrl.update import Update, UpdateSpec, member_hparams
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import PixelActorCritic
+from fastrl.learn.precision import autocast_factory
+from fastrl.learn.stacked import FlatLayout
+from fastrl.run.trainer import Trainer
+from fastrl.learn.update import Update, UpdateSpec, member_hparams
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
@@ -35,7 +35,7 @@ def _agent():
 
 
 def _loss_and_grad(agent, cfg, batch, amp="off", compile_mode="off"):
-    """The update's PPO loss of ``batch`` at the agent's weights (flat, ``fastrl.update.Update.loss``), and its
+    """The update's PPO loss of ``batch`` at the agent's weights (flat, ``fastrl.learn.update.Update.loss``), and its
     gradient ``[P]``."""
     layout = FlatLayout(agent)
     update = Update(UpdateSpec.of(cfg), layout, autocast_factory(torch.device("cpu"), amp))
@@ -83,7 +83,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(monkeypatch):
         def call(*args):
             raise RuntimeError("inductor exploded")
         return call
-    monkeypatch.setattr(fastrl.compile.torch, "compile", broken)
+    monkeypatch.setattr(fastrl.run.compile.torch, "compile", broken)
     wrapped = CompiledOrEager(lambda x: x + 1, "default", "toy")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -104,9 +104,9 @@ def test_cuda_graph_outputs_outlive_the_next_replay(monkeypatch):
             return {"sums": pool, "pair": (pool[:1], None)}
         return replay
     steps = []
-    monkeypatch.setattr(fastrl.compile.torch, "compile", graphed)
-    monkeypatch.setattr(fastrl.compile.torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
-    monkeypatch.setattr(fastrl.compile, "GRAPH_OUTPUT_DEVICES", ("cpu",))
+    monkeypatch.setattr(fastrl.run.compile.torch, "compile", graphed)
+    monkeypatch.setattr(fastrl.run.compile.torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    monkeypatch.setattr(fastrl.run.compile, "GRAPH_OUTPUT_DEVICES", ("cpu",))
     wrapped = CompiledOrEager(lambda x: x * 2, "reduce-overhead", "toy")
     first = wrapped(torch.tensor([1.0, 2.0]))
     second = wrapped(torch.tensor([5.0, 7.0]))
@@ -122,8 +122,8 @@ def test_nothing_recompiles_across_iterations(monkeypatch, algo):
     """Dynamo's guards are what decide recompiles, so the cheap aot_eager backend stands in for inductor here;
     the learning rate changes every iteration and must not trigger one."""
     real_compile = torch.compile
-    monkeypatch.setattr(fastrl.compile, "SKIP_GUARDS", False)  # guards on: a needed recompile must show
-    monkeypatch.setattr(fastrl.compile.torch, "compile",
+    monkeypatch.setattr(fastrl.run.compile, "SKIP_GUARDS", False)  # guards on: a needed recompile must show
+    monkeypatch.setattr(fastrl.run.compile.torch, "compile",
                         lambda fn, mode=None, **kw: real_compile(fn, backend="aot_eager", **kw))
     torch._dynamo.reset()
     counters.clear()

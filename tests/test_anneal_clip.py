@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-import fastrl.compile
+import fastrl.run.compile
 from fastrl.config import UserError, make_config
-from fastrl.trainer import Trainer
-from fastrl.update import Update
+from fastrl.run.trainer import Trainer
+from fastrl.learn.update import Update
 
 TINY = dict(n_envs=2, n_steps=8, total_steps=64, n_epochs=2, n_minibatches=2, device="cpu", progress=False,
             tensorboard=False, wandb="disabled", eval_episodes=0, compile="off", clip_coef=0.2)  # 4 iterations
@@ -64,7 +64,7 @@ def test_annealed_update_equals_a_fixed_clip_of_that_value(path):
 
 def test_compiled_step_follows_the_schedule_without_recompiling(monkeypatch):
     real_compile = torch.compile  # dynamo's guards and graph capture, with the cheap aot_eager backend
-    monkeypatch.setattr(fastrl.compile.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
+    monkeypatch.setattr(fastrl.run.compile.torch, "compile", lambda fn, mode=None, fullgraph=False, dynamic=None: real_compile(
         fn, backend="aot_eager", fullgraph=fullgraph, dynamic=dynamic))
     trainer = _trainer(anneal_clip=True, compile="default")
     try:

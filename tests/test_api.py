@@ -18,8 +18,8 @@ import torch
 
 import fastrl
 from conftest import median_of_seeds, one_line_error
-from fastrl.callbacks import EvalCallback, StopOnReturn, best_checkpoint_path
-from fastrl.checkpoint import list_checkpoints
+from fastrl.run.callbacks import EvalCallback, StopOnReturn, best_checkpoint_path
+from fastrl.run.checkpoint import list_checkpoints
 from fastrl.config import UserError
 from fastrl_match_env import N_TARGETS, MatchTarget, make_match_target
 
@@ -55,8 +55,8 @@ def random_policy_return(episodes: int = 200) -> float:
 
 # --------------------------------------------------------------------------- the name fastrl.train
 def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_module(tmp_path):
-    """``fastrl.train`` and ``fastrl.evaluate`` are the API's functions before and after ``import fastrl.train`` /
-    ``import fastrl.evaluate`` (modules of those names); ``from fastrl.train import main`` still reaches the command."""
+    """``fastrl.train`` and ``fastrl.evaluate`` are the API's functions before and after ``import fastrl.run.session`` /
+    ``import fastrl.run.evaluate`` (modules of those names); ``from fastrl.train import main`` still reaches the command."""
     check = """
         import sys
         import fastrl
@@ -79,12 +79,12 @@ def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_m
     """
     function_first = """
         messages = [refusal(fastrl.train)]
-        import fastrl.train
+        import fastrl.run.session
         from fastrl.train import main
         messages += [refusal(fastrl.train)]
     """
     module_first = """
-        import fastrl.train
+        import fastrl.run.session
         from fastrl.train import main
         from fastrl import train
         messages = [refusal(fastrl.train), refusal(train)]
@@ -207,7 +207,7 @@ def test_impala_from_a_script_without_a_main_guard_is_one_line(tmp_path):
 
 
 def test_env_names_and_the_factory_registry():
-    from fastrl import envs
+    from fastrl.envs import envs
     assert envs.env_name("CartPole-v1") == "CartPole-v1"
     assert envs.env_name(MatchTarget) == "fastrl_match_env:MatchTarget"
     assert envs.env_name(make_match_target) == "fastrl_match_env:make_match_target"
@@ -224,7 +224,8 @@ def test_env_names_and_the_factory_registry():
 def test_an_id_registered_after_the_first_lookup_is_found():
     import gymnasium
 
-    from fastrl import envs, preflight
+    from fastrl.envs import batched as envs
+    from fastrl.run import preflight
     from fastrl.config import make_config
     assert envs.resolve_backend("CartPole-v1") == "envpool"  # a first lookup
     with pytest.raises(UserError):
@@ -242,7 +243,8 @@ def test_env_probe_follows_a_redefined_factory():
     """The preflight probe is cached per env name; a name given to another object is probed afresh."""
     import gymnasium
 
-    from fastrl import envs, preflight
+    from fastrl.envs import batched as envs
+    from fastrl.run import preflight
     from fastrl.config import make_config
 
     class Wider(MatchTarget):
@@ -301,7 +303,7 @@ def test_predict_one_observation_or_a_batch_numpy_or_torch(cartpole_agent):
 
 def test_predict_applies_the_saved_observation_normalizer(cartpole_agent):
     agent = cartpole_agent
-    from fastrl.checkpoint import load_checkpoint
+    from fastrl.run.checkpoint import load_checkpoint
     obs_rms = load_checkpoint(agent.path)["normalizer"]["obs_rms"]
     assert obs_rms["count"] > 1 and obs_rms["mean"].abs().sum() > 0  # statistics were gathered in training
     obs = torch.tensor(np.random.default_rng(1).normal(size=(256, 4)) * [1.0, 2.0, 0.2, 2.0], dtype=torch.float32)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from conftest import one_line_error
-from fastrl.async_env import AsyncBatchedEnv, AsyncStep, async_unsupported, resolve_env_mode
+from fastrl.envs.async_env import AsyncBatchedEnv, AsyncStep, async_unsupported, resolve_env_mode
 from fastrl.config import make_config
-from fastrl.preflight import check_env_mode
-from fastrl.trainer import Trainer
+from fastrl.run.preflight import check_env_mode
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False, eval_episodes=0)
 KEYS = ["observation", "action", "sample_log_prob", "state_value", "valid", ("next", "reward"), ("next", "done"),

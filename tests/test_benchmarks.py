@@ -212,7 +212,7 @@ def test_first_crossing_and_medians():
 
 
 def test_sb3_lr_schedule_matches_fastrl_per_iteration():
-    from fastrl.optim import annealed_lr
+    from fastrl.learn.optim import annealed_lr
     cfg = peers_learning.peer_config("ppo", "CartPole-v1", 1, 10 * 512, 475.0, 1)
     n = cfg.total_steps // cfg.batch_size
     schedule = peers_common.lr_schedule(cfg, n)

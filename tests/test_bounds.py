@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-import fastrl.footprint
+import fastrl.run.footprint
 from conftest import QUIET, one_line_error, train_main
 from fastrl.cli import main as cli
 from fastrl.config import make_config
-from fastrl.tune import load_space
+from fastrl.cli.tune import load_space
 
 
 @pytest.mark.parametrize("key", ["hidden_sizes", "env"])
@@ -62,7 +62,7 @@ def test_error_messages_show_at_most_about_80_characters_of_a_value(overrides):
 @pytest.fixture
 def sixteen_gib(monkeypatch):
     """This machine, as the check sees it, has 16 GiB available: the refusals below hold on any machine."""
-    monkeypatch.setattr(fastrl.footprint, "available_host_bytes", lambda: 16 << 30)
+    monkeypatch.setattr(fastrl.run.footprint, "available_host_bytes", lambda: 16 << 30)
 
 
 @pytest.mark.parametrize("flags, named", [
@@ -80,16 +80,16 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_allocating(sixteen_gi
 
 
 def test_the_check_lets_an_ordinary_run_through(sixteen_gib):
-    from fastrl.envs import probe_env
+    from fastrl.envs.batched import probe_env
     cfg = make_config({"n_envs": 64, "hidden_sizes": [256, 256]})
     shape, dtype, spec = probe_env(cfg)
     import torch
-    fastrl.footprint.check_run_memory(cfg, shape, dtype, spec, torch.device("cpu"))  # no error
-    assert fastrl.footprint.available_host_bytes() == 16 << 30
+    fastrl.run.footprint.check_run_memory(cfg, shape, dtype, spec, torch.device("cpu"))  # no error
+    assert fastrl.run.footprint.available_host_bytes() == 16 << 30
 
 
 def test_available_memory_is_read_from_the_machine():
-    have = fastrl.footprint.available_host_bytes()
+    have = fastrl.run.footprint.available_host_bytes()
     assert have is not None and have > 1 << 20
 
 

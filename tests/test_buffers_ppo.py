@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from fastrl import kernels
-from fastrl.buffers import make_rollout_buffer
-from fastrl.envs import ActionSpec
-from fastrl.ppo import compute_advantages, explained_variance
+from fastrl.envs.buffers import make_rollout_buffer
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.ppo import compute_advantages, explained_variance
 
 GAMMA, LAM = 0.9, 0.8  # gamma * lam = 0.72
 
@@ -153,7 +153,7 @@ def test_explained_variance_along_a_member_axis_is_each_rows_own():
 
 def test_collect_fills_next_value_and_valid():
     from fastrl.config import make_config
-    from fastrl.train import Trainer
+    from fastrl.run.trainer import Trainer
     cfg = make_config({"env": "CartPole-v1", "n_envs": 4, "n_steps": 48, "total_steps": 192, "n_minibatches": 2,
                        "wandb": "disabled", "tensorboard": False, "progress": False, "device": "cpu"})
     trainer = Trainer(cfg)

@@ -9,7 +9,7 @@ import pytest
 
 import fastrl
 from conftest import one_line_error
-from fastrl.callbacks import SIGNATURE, EvalCallback
+from fastrl.run.callbacks import SIGNATURE, EvalCallback
 
 QUIET = dict(progress=False, wandb="disabled", tensorboard=False, plot=False, quiet=True)
 TINY = dict(env="CartPole-v1", n_envs=2, n_steps=16, n_minibatches=1, n_epochs=1, eval_episodes=0, **QUIET)

@@ -5,7 +5,7 @@ import shlex
 import pytest
 import torch
 
-from fastrl.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
+from fastrl.run.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
                                save_checkpoint)
 from fastrl.config import UserError, make_config
 

@@ -12,7 +12,7 @@ import torch
 
 import fastrl
 from conftest import QUIET, one_line_error, train_main
-from fastrl.checkpoint import list_checkpoints
+from fastrl.run.checkpoint import list_checkpoints
 from fastrl.cli import main as cli
 from fastrl.config import CODE_KEYS, Config, UserError
 
@@ -20,7 +20,7 @@ SENTINEL = textwrap.dedent("""\
     import pathlib
     pathlib.Path(__file__).with_suffix(".imported").write_text("imported")
     import gymnasium
-    from fastrl.models import ActorCritic as Policy
+    from fastrl.learn.models import ActorCritic as Policy
     from gymnasium.envs.classic_control import CartPoleEnv as Env
 """)
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from conftest import one_line_error
 from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, build_parser,
                            load_yaml, make_config)
-from fastrl.run_config import parse_cli
+from fastrl.run.run_config import parse_cli
 
 INT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is int)
 FLOAT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is float)
@@ -354,7 +354,7 @@ def test_every_tuned_config_named_in_the_table_ships_and_trains_its_env():
 
 
 def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
-    from fastrl.run_config import build_config
+    from fastrl.run.run_config import build_config
     cfg, _ = build_config({"env": "Pendulum-v1"})
     pendulum = make_config(yaml_path="ppo/pendulum")
     assert cfg == pendulum and "ppo/pendulum" in cfg.origin
@@ -372,7 +372,7 @@ def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
 
 def test_an_env_without_one_gets_the_general_default_of_its_action_kind():
     from fastrl.config import GENERAL_DEFAULTS
-    from fastrl.run_config import build_config
+    from fastrl.run.run_config import build_config
     cfg, _ = build_config({"env": "BipedalWalkerHardcore-v3"})  # continuous, no tuned config
     assert "continuous" in cfg.origin and "BipedalWalkerHardcore-v3" in cfg.origin
     assert all(getattr(cfg, k) == v for k, v in GENERAL_DEFAULTS["continuous"].items())
@@ -387,7 +387,7 @@ def test_an_env_without_one_gets_the_general_default_of_its_action_kind():
 
 
 def test_an_unknown_env_is_still_one_line():
-    from fastrl.run_config import build_config
+    from fastrl.run.run_config import build_config
     with pytest.raises(UserError, match="unknown env id"):
         build_config({"env": "NoSuchEnv-v0"})
 
@@ -395,7 +395,7 @@ def test_an_unknown_env_is_still_one_line():
 def test_changing_a_tuned_configs_rollout_shape_keeps_its_minibatch_size():
     """The zoo's settings are minibatches of 64: --n-envs/--n-steps alone keep that size (as n_minibatches), where it
     divides; the embedded default's n_minibatches stays a count; an explicit --n-minibatches wins."""
-    from fastrl.run_config import build_config
+    from fastrl.run.run_config import build_config
     tuned = make_config(yaml_path="ppo/pendulum")
     assert tuned.minibatch_size == 64
     assert build_config({"env": "Pendulum-v1", "n_envs": 8})[0].minibatch_size == 64

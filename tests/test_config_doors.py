@@ -1,5 +1,5 @@
 """Every door to a run's config (flags, a --config file, fastrl.train(config=Config(...)), fastrl.train(**keys))
-builds the same Config from the same input: one builder, fastrl.run_config.build_config."""
+builds the same Config from the same input: one builder, fastrl.run.run_config.build_config."""
 import importlib
 
 import pytest
@@ -7,7 +7,7 @@ import yaml
 
 import fastrl
 from fastrl.config import Config, make_config
-from fastrl.run_config import config_from_cli
+from fastrl.run.run_config import config_from_cli
 
 INPUTS = {
     "tuned env": {"env": "HalfCheetah-v4"},
@@ -18,7 +18,7 @@ INPUTS = {
 
 
 class _Built(Exception):
-    """Raised by the stand-in for fastrl.train.run: the config is built, nothing trains."""
+    """Raised by the stand-in for fastrl.run.session.run: the config is built, nothing trains."""
 
 
 def _through_train(monkeypatch, **kwargs) -> Config:

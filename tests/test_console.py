@@ -10,8 +10,8 @@ import pytest
 
 from conftest import ManualClock
 from fastrl.config import make_config
-from fastrl.console import adjustments
-from fastrl.logger import ProgressLines, RunLogger
+from fastrl.run.console import adjustments
+from fastrl.run.logger import ProgressLines, RunLogger
 
 
 class FakeTrainer:
@@ -32,9 +32,9 @@ def test_adjustments_name_the_rounded_budget_and_ignored_atari_settings():
 @pytest.mark.parametrize("progress, quiet, lines", [(True, False, True), (False, False, True), (False, True, False),
                                                     (True, True, False)])
 def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys, monkeypatch, progress, quiet, lines):
-    import fastrl.logger
+    import fastrl.run.logger
     clock = ManualClock()
-    monkeypatch.setattr(fastrl.logger, "time", clock)  # the 2 s throttle reads this clock, not the machine's speed
+    monkeypatch.setattr(fastrl.run.logger, "time", clock)  # the 2 s throttle reads this clock, not the machine's speed
     logger = RunLogger(tmp_path, {"quiet": quiet}, 4096, tensorboard=False, wandb_mode="disabled", progress=progress)
     clock.now += 1.0
     logger.progress(1024, {"sps": 100, "return": 9.5})
@@ -60,7 +60,7 @@ def test_progress_lines_format():
 
 def test_envpool_spaces_are_built_without_warnings():
     """EnvPool builds its Gymnasium spaces lazily; the float64-bounds warning is filtered where they are built."""
-    from fastrl.envs import make_env
+    from fastrl.envs.batched import make_env
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         env = make_env(make_config({"n_envs": 2}))

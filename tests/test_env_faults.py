@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from conftest import descendant_pids
 
 TESTS_DIR = Path(__file__).parent
@@ -218,7 +218,7 @@ def test_sigint_during_the_final_evaluation_exits_130(tmp_path):
 def test_a_compile_cut_by_a_stop_signal_is_no_compile_failure(recwarn):
     """Ctrl-C to the process group stops inductor's compile workers too; the compile then fails, and that is an
     interruption: no "torch.compile failed" warning. Without a stop signal the same failure warns."""
-    from fastrl.compile import CompiledOrEager
+    from fastrl.run.compile import CompiledOrEager
     from fastrl.signals import install_stop_handlers, restore_handlers
 
     def failing_compiled(x):
@@ -247,7 +247,7 @@ def test_an_endless_budget_plans_the_compile_of_a_long_run_not_of_an_endless_one
     """total_steps: 1e30 ("until I stop it") must not unroll the whole update into one graph (about 45 s of compiling
     before the first step, and as long before a SIGTERM is heard): it plans as a 200k-gradient-step run does."""
     import torch
-    from fastrl.compile import PLANNING_HORIZON_GRADIENT_STEPS, compile_plan
+    from fastrl.run.compile import PLANNING_HORIZON_GRADIENT_STEPS, compile_plan
     from fastrl.config import make_config
     cfg = make_config({"total_steps": 1e30})
     iterations = cfg.total_steps // (cfg.n_envs * cfg.n_steps)
@@ -260,7 +260,7 @@ def test_an_endless_budget_plans_the_compile_of_a_long_run_not_of_an_endless_one
 
 def test_an_actors_env_error_round_trips_through_shared_memory():
     import torch
-    from fastrl.env_workers import (ERROR_BYTES, EnvCodeError, EnvError, EnvFault, read_env_error,
+    from fastrl.envs.env_workers import (ERROR_BYTES, EnvCodeError, EnvError, EnvFault, read_env_error,
                                     write_env_error)
     buffer = torch.zeros(ERROR_BYTES, dtype=torch.uint8)
     assert read_env_error(buffer) is None

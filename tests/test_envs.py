@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from fastrl.config import UserError, make_config
-from fastrl.envs import BatchedEnv, EpisodeStats, NormalizedEnv, envpool_ids, gymnasium_ids, make_env, resolve_backend
-from fastrl.train import env_seed
+from fastrl.envs.batched import BatchedEnv, NormalizedEnv, make_env
+from fastrl.envs.registry import envpool_ids, gymnasium_ids, resolve_backend
+from fastrl.envs.stats import EpisodeStats
+from fastrl.distributed.seeding import env_seed
 
 BACKENDS = ["envpool", "gymnasium"]
 CARTPOLE_RESET_BOUND = 0.05  # CartPole's first observation is uniform in [-0.05, 0.05]^4
@@ -257,7 +259,7 @@ def test_reward_scaling_survives_all_envs_resetting_together():
     """All envs truncating on the same step leaves no valid reward on the next step: the statistics must
     skip it instead of turning NaN (which would poison every later reward)."""
     import torch
-    from fastrl.envs import BatchedEnv, NormalizedEnv
+    from fastrl.envs.batched import BatchedEnv, NormalizedEnv
     env = NormalizedEnv(BatchedEnv("CartPole-v1", 3, seed=0, env_kwargs={"max_episode_steps": 4}),
                         normalize_obs=True, normalize_reward=True, gamma=0.99)
     env.reset()
@@ -275,7 +277,8 @@ def test_unsupported_spaces_are_user_errors():
     import gymnasium
     import pytest
     from fastrl.config import UserError
-    from fastrl.envs import BatchedEnv, action_spec_of
+    from fastrl.envs.batched import BatchedEnv
+    from fastrl.envs.spaces import action_spec_of
     with pytest.raises(UserError, match="action space .* is not supported"):
         action_spec_of(gymnasium.spaces.MultiDiscrete([[2, 3], [2, 2]]))  # 2-D: flatten it first
     with pytest.raises(UserError, match="action space .* is not supported"):
@@ -355,7 +358,7 @@ def test_time_feature_reads_each_backends_own_time_limit():
 
 
 def test_time_feature_refusals_are_one_line_user_errors():
-    from fastrl.envs import probe_env
+    from fastrl.envs.batched import probe_env
     with pytest.raises(UserError, match="time_feature does not apply with env_mode=async.*--env-mode sync"):
         make_config(dict(time_feature=True, env_mode="async"))
     with pytest.raises(UserError, match="time_feature does not apply with env_backend torch"):
@@ -369,7 +372,7 @@ def test_time_feature_refusals_are_one_line_user_errors():
 def test_member_statistics_match_one_running_mean_std_per_member():
     """The normalizer's vectorized statistics (every member at once, reset rows masked) against its loop twin: one
     RunningMeanStd per member, updated with that member's kept rows; a member with no kept row stays as it was."""
-    from fastrl.envs import MemberRunningMeanStd, RunningMeanStd
+    from fastrl.envs.stats import MemberRunningMeanStd, RunningMeanStd
     gen = torch.Generator().manual_seed(0)
     k, n = 3, 5
     for shape, masked in (((4,), False), ((), True)):

@@ -5,8 +5,8 @@ import torch
 
 from conftest import ManualClock
 from fastrl.config import make_config
-from fastrl.envs import make_env
-from fastrl.evaluate import eval_seed, evaluate, evaluate_per_seed, play_first_episodes
+from fastrl.envs.batched import make_env
+from fastrl.run.evaluate import eval_seed, evaluate, evaluate_per_seed, play_first_episodes
 
 CPU = torch.device("cpu")
 BALANCING, DRIFTING = [0.0, 0.0, 1.0, 0.1], [0.5, 0.0, 1.0, 0.1]
@@ -140,7 +140,7 @@ def test_caps_and_action_rule_default_to_the_config():
 
 
 def test_stop_signal_ends_the_evaluation_between_two_steps():
-    from fastrl.evaluate import EvaluationStopped
+    from fastrl.run.evaluate import EvaluationStopped
     asked = []
 
     def should_stop():

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import fastrl.checkpoint
-import fastrl.logger
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.train import main
+import fastrl.run.checkpoint
+import fastrl.run.logger
+from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli.train import main
 from conftest import descendant_pids
 
 QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]
@@ -107,7 +107,7 @@ def test_disk_full_during_checkpoint_write(tmp_path, monkeypatch, capsys):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *a, **kw)
 
-    monkeypatch.setattr(fastrl.checkpoint.torch, "save", failing_save)
+    monkeypatch.setattr(fastrl.run.checkpoint.torch, "save", failing_save)
     run_dir = tmp_path / "run"
     code = main(["--total-steps", "4096", "--n-envs", "8", "--n-steps", "32", "--checkpoint-interval", "2",
                  "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET])
@@ -143,7 +143,7 @@ def test_disk_full_while_writing_metrics(tmp_path, monkeypatch, capsys):
         f = real_open(path, *a, **kw)
         return FullDisk(f) if str(path).endswith("metrics.jsonl") else f
 
-    monkeypatch.setattr(fastrl.logger, "open", patched_open, raising=False)
+    monkeypatch.setattr(fastrl.run.logger, "open", patched_open, raising=False)
     run_dir = tmp_path / "run"
     code = main(["--total-steps", "4096", "--n-envs", "8", "--n-steps", "32", "--eval-episodes", "0",
                  "--run-dir", str(run_dir), *QUIET])
@@ -283,7 +283,7 @@ def test_real_disk_full_with_wandb_and_tensorboard_is_one_error_line(small_disk)
 def test_full_disk_switches_each_sink_off_with_one_warning(small_disk, tmp_path, capfd):
     """TensorBoard and wandb on a disk that fills up after they started: one warning per sink at most, no flood of
     logging errors, and metrics.jsonl (here on another file system) keeps every row."""
-    from fastrl.logger import RunLogger
+    from fastrl.run.logger import RunLogger
     run_dir = small_disk / "run"
     run_dir.mkdir()
     (tmp_path / "metrics.jsonl").touch()
@@ -320,7 +320,7 @@ def test_real_disk_full_during_resume_rewind(small_disk, capsys):
 
 # --------------------------------------------------------------------------- leftovers and resumed segments
 def test_leftover_temp_files_are_removed_on_start_and_by_pruning(tmp_path):
-    from fastrl.checkpoint import save_checkpoint
+    from fastrl.run.checkpoint import save_checkpoint
     run_dir = tmp_path / "run"
     assert main(["--total-steps", "256", "--n-envs", "4", "--checkpoint-interval", "1", "--run-dir", str(run_dir),
                  *SMALL, *QUIET]) == 0

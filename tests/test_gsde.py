@@ -8,9 +8,9 @@ import torch
 from conftest import one_line_error
 
 from fastrl.config import make_config
-from fastrl.envs import ActionSpec
-from fastrl.models import GSDE_EPSILON, ActorCritic, action_logp_entropy, gsde_distribution
-from fastrl.trainer import Trainer
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import GSDE_EPSILON, ActorCritic, action_logp_entropy, gsde_distribution
+from fastrl.run.trainer import Trainer
 
 SMALL_PENDULUM = {"env": "Pendulum-v1", "use_sde": True, "total_steps": 512, "n_envs": 4, "n_steps": 8,
                   "n_minibatches": 2, "n_epochs": 1, "compile": "off", "progress": False}

@@ -6,9 +6,10 @@ import torch
 
 import fastrl
 from fastrl.config import make_config
-from fastrl.guards import RollbackGuard, all_finite
-from fastrl.loop import save_if_finite
-from fastrl.train import Trainer, run
+from fastrl.run.guards import RollbackGuard, all_finite
+from fastrl.run.loop import save_if_finite
+from fastrl.run.session import run
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(wandb="disabled", tensorboard=False, progress=False, plot=False)
 
@@ -184,7 +185,7 @@ def test_periodic_eval_is_logged(tmp_path):
 
 
 def test_episode_window_restart_keeps_counting():
-    from fastrl.envs import EpisodeStats
+    from fastrl.envs.stats import EpisodeStats
     stats = EpisodeStats(1, window=4)
 
     def finish(ret):

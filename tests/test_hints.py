@@ -10,7 +10,7 @@ import pytest
 import fastrl
 from conftest import one_line_error
 from fastrl.config import make_config
-from fastrl.run_config import parse_cli
+from fastrl.run.run_config import parse_cli
 from fastrl.hints import close_names, edit_distance
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,13 +16,13 @@ import yaml
 from tensordict import TensorDict
 
 from fastrl import kernels
-from fastrl.actor_learner import FILLING, FREE, FULL, SlotRing, WeightBoard
+from fastrl.distributed.actors import FILLING, FREE, FULL, SlotRing, WeightBoard
 from fastrl.config import UserError, make_config
-from fastrl.envs import ActionSpec
-from fastrl.impala import learner_batch, learner_forward, vtrace_targets
-from fastrl.models import make_agent
-from fastrl.stacked import FlatLayout
-from fastrl.update import VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams, stat_names
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.impala import learner_batch, learner_forward, vtrace_targets
+from fastrl.learn.models import make_agent
+from fastrl.learn.stacked import FlatLayout
+from fastrl.learn.update import VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams, stat_names
 
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds, one_line_error
 from reference_update import reference_learner_update, reference_optimizer
@@ -280,7 +280,8 @@ def test_n_envs_counts_every_actors_envs():
     """n_envs is the envs of one agent, all its actors together: each actor's env batch, ring slots and share of a
     learner batch hold n_envs / n_actors; a count that does not split is one line naming both values and the fix.
     The shipped configs keep their 16 envs per actor."""
-    from fastrl.actor_learner import ActorLearnerTrainer, RolloutCollector
+    from fastrl.distributed.actors import RolloutCollector
+    from fastrl.run.actor_learner import ActorLearnerTrainer
     cfg = make_config({"algo": "impala", "n_envs": 12, "n_actors": 3, "n_slots": 3, "learner_batch": 2})
     assert cfg.n_envs_per_actor == 4
     trainer = ActorLearnerTrainer(cfg, torch.device("cpu"))  # its actors start on the first collect(), not here
@@ -302,7 +303,7 @@ def test_n_envs_counts_every_actors_envs():
 
 def test_auto_sync_interval_stays_below_max_policy_lag():
     """Small rollouts make ~10k env steps many updates; the auto interval is capped so rollouts stay usable."""
-    from fastrl.actor_learner import ActorLearnerTrainer  # its actors start on the first collect(), not here
+    from fastrl.run.actor_learner import ActorLearnerTrainer  # its actors start on the first collect(), not here
     for values, expected in (({"n_envs": 8, "n_steps": 16, "max_policy_lag": 50}, 25),
                              ({"n_envs": 32, "n_steps": 32, "max_policy_lag": 0}, 20)):
         trainer = ActorLearnerTrainer(make_config({"algo": "impala", **values}), torch.device("cpu"))
@@ -371,7 +372,7 @@ IMPALA_METRIC_KEYS = {"staleness/policy_lag_mean", "staleness/policy_lag_max", "
 def test_short_run_summary_and_step_arithmetic(tmp_path):
     """A 16-update run (not a learning check): summary.json has PPO's schema plus IMPALA's extras, every env step
     consumed is a whole slot that was trained on or dropped, and the policy lag stays within max_policy_lag."""
-    from fastrl.train import main
+    from fastrl.cli.train import main
     assert main(["--config", CARTPOLE, "--run-dir", str(tmp_path), "--total-steps", "8192", "--log-interval", "4",
                  "--eval-episodes", "0", *QUIET]) == 0
     cfg = yaml.safe_load((tmp_path / "config.yaml").read_text())
@@ -401,7 +402,7 @@ def test_short_run_summary_and_step_arithmetic(tmp_path):
 def test_cartpole_learns(tmp_path):
     """IMPALA learns CartPole-v1: the median over 3 seeds of the last-100-episode mean return >= 100 (a random
     policy gets about 22; each run stops once it reaches 150, within at most 300k steps)."""
-    from fastrl.train import main
+    from fastrl.cli.train import main
 
     def last_100_return(seed):
         run_dir = tmp_path / f"seed{seed}"

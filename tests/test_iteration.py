@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from fastrl.config import make_config
-from fastrl.iteration import gae_loop, gae_scan
+from fastrl.run.iteration import gae_loop, gae_scan
 from fastrl.kernels.gae import gae_reference
-from fastrl.trainer import Trainer
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
@@ -106,7 +106,7 @@ def test_the_whole_iteration_is_taken_where_the_env_step_is_pure():
     """Which runs take the iteration function: env_backend torch without normalization wrappers or gSDE, PPO and
     A2C; compile auto compiles it from CPU_ITERATION_COMPILE_MIN_ITERATIONS iterations (CUDA: CUDA graphs), with
     every minibatch step in its one call."""
-    from fastrl.compile import CPU_ITERATION_COMPILE_MIN_ITERATIONS, CompilePlan, compile_plan
+    from fastrl.run.compile import CPU_ITERATION_COMPILE_MIN_ITERATIONS, CompilePlan, compile_plan
     cpu = torch.device("cpu")
     many = CPU_ITERATION_COMPILE_MIN_ITERATIONS
     assert compile_plan("auto", cpu, 0, iterations=many - 1, n_epochs=4, n_minibatches=4) == CompilePlan("off", "off", 16)

@@ -101,7 +101,7 @@ def test_a_saved_agent_predicts_in_a_process_that_never_imports_its_env(env, sav
 
 
 def test_the_spaces_travel_in_the_checkpoint_and_older_checkpoints_still_load(tmp_path):
-    from fastrl.checkpoint import load_checkpoint, save_checkpoint
+    from fastrl.run.checkpoint import load_checkpoint, save_checkpoint
     run = fastrl.train(env="FrozenLake-v1", env_backend="gymnasium", total_steps=128, n_envs=2, n_steps=64,
                        eval_episodes=0, run_dir=tmp_path / "run", wandb="disabled", tensorboard=False, progress=False,
                        plot=False, quiet=True)

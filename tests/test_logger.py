@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from fastrl import logger as logger_module
-from fastrl.logger import BackgroundSink, RunLogger
+from fastrl.run import logger as logger_module
+from fastrl.run.logger import BackgroundSink, RunLogger
 
 START_TIMEOUT_S = 30.0  # a fake start that is never released fails the test instead of hanging it
 
@@ -151,7 +151,7 @@ def test_wandb_mode_disabled_writes_no_wandb_run(tmp_path, fake_sinks, monkeypat
 
 
 def test_sinks_that_are_off_are_never_imported(tmp_path):
-    code = ("import sys; from fastrl.logger import RunLogger; "
+    code = ("import sys; from fastrl.run.logger import RunLogger; "
             f"RunLogger({str(tmp_path)!r}, {{}}, 10, tensorboard=False, wandb_mode='disabled', progress=False).close(); "
             "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard', 'tqdm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,5 +1,5 @@
-"""``fastrl.mlp_gradient``: the hand-derived loss and gradient of K MLP actor-critics against its twin, autograd through
-the batched forward (``fastrl.stacked.members_actor_critic``) and ``kernels.ppo_loss`` / ``pg_loss``."""
+"""``fastrl.learn.mlp_gradient``: the hand-derived loss and gradient of K MLP actor-critics against its twin, autograd through
+the batched forward (``fastrl.learn.stacked.members_actor_critic``) and ``kernels.ppo_loss`` / ``pg_loss``."""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -7,10 +7,10 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from fastrl.envs import ActionSpec
-from fastrl.models import ActorCritic
-from fastrl.stacked import FlatLayout
-from fastrl.update import Update, UpdateSpec, hand_gradient_applies
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import ActorCritic
+from fastrl.learn.stacked import FlatLayout
+from fastrl.learn.update import Update, UpdateSpec, hand_gradient_applies
 
 K, B, OBS = 3, 48, 5
 DISCRETE = ActionSpec(kind="discrete", n=3, shape=())

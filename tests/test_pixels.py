@@ -7,9 +7,11 @@ import torch
 
 from conftest import median_of_seeds
 from fastrl.config import load_yaml, make_config
-from fastrl.envs import BatchedEnv, atari_kwargs, is_atari, make_env
-from fastrl.models import ImpalaResNet, NatureCNN, PixelActorCritic, make_agent, resolve_encoder
-from fastrl.train import Trainer, run
+from fastrl.envs.batched import BatchedEnv, make_env
+from fastrl.envs.registry import atari_kwargs, is_atari
+from fastrl.learn.models import ImpalaResNet, NatureCNN, PixelActorCritic, make_agent, resolve_encoder
+from fastrl.run.session import run
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
@@ -58,7 +60,7 @@ def test_atari_stats_report_the_real_game_score_over_all_lives(env_id):
 
 def test_make_env_applies_atari_options_and_eval_plays_whole_games(monkeypatch):
     """The config's Atari options reach EnvPool; the evaluation env (training=False) plays whole, unclipped games."""
-    import fastrl.envs
+    import fastrl.envs.batched
     built = []
 
     def recording(*args, env_kwargs=None, **kwargs):
@@ -91,7 +93,7 @@ def test_minigrid_observations_are_uint8_channels_first():
 
 @pytest.mark.parametrize("encoder, cls, features", [("nature_cnn", NatureCNN, 512), ("impala_resnet", ImpalaResNet, 256)])
 def test_cnn_encoders_take_uint8_frames(encoder, cls, features):
-    from fastrl.envs import ActionSpec
+    from fastrl.envs.spaces import ActionSpec
     agent = PixelActorCritic((4, 84, 84), ActionSpec("discrete", n=6), encoder)
     assert isinstance(agent.encoder, cls) and agent.encoder.out_dim == features
     frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import train_main
 from fastrl.config import make_config
-from fastrl.plot import curves, learning_curve_figure, read_rows, write_run_plot
+from fastrl.run.plot import curves, learning_curve_figure, read_rows, write_run_plot
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "1", "--torch-threads", "1",
         "--device", "cpu", "--wandb", "disabled", "--no-progress"]
@@ -193,10 +193,10 @@ def test_video_episodes_are_the_deterministic_policy_on_the_eval_seeds(runs):
     import imageio
     import torch
 
-    from fastrl.checkpoint import load_checkpoint
-    from fastrl.envs import make_env
-    from fastrl.evaluate import eval_seed
-    from fastrl.models import make_agent
+    from fastrl.run.checkpoint import load_checkpoint
+    from fastrl.envs.batched import make_env
+    from fastrl.run.evaluate import eval_seed
+    from fastrl.learn.models import make_agent
     shown, _ = runs
     state = load_checkpoint(shown)
     cfg = make_config(state["config"])
@@ -220,7 +220,7 @@ def test_video_episodes_are_the_deterministic_policy_on_the_eval_seeds(runs):
 def test_videos_say_in_one_line_why_they_cannot_be_made(tmp_path, monkeypatch, capsys):
     import dataclasses
 
-    from fastrl.evaluate import record_videos
+    from fastrl.run.evaluate import record_videos
     cfg = make_config({})
     no_gymnasium_twin = dataclasses.replace(cfg, env="EnvPoolOnly-v5")
     assert record_videos(None, no_gymnasium_twin, None, tmp_path / "v", "cpu") == []
@@ -236,7 +236,7 @@ def test_videos_say_in_one_line_why_they_cannot_be_made(tmp_path, monkeypatch, c
 def test_a_render_failure_is_one_line_and_leaves_no_files(tmp_path, monkeypatch, capsys):
     from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
-    from fastrl.evaluate import record_videos
+    from fastrl.run.evaluate import record_videos
 
     def no_display(self):
         raise RuntimeError("no GL context\nsecond line")

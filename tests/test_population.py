@@ -15,16 +15,16 @@ import torch
 from conftest import QUIET, one_line_error, train_main
 from reference_update import reference_optimizer, reference_update
 
-import fastrl.compile
+import fastrl.run.compile
 from fastrl.config import make_config
-from fastrl.run_config import parse_cli
-from fastrl.distributed import DistInfo
-from fastrl.envs import EpisodeStats, MemberEpisodeStats
-from fastrl.optim import annealed_lr
-from fastrl.population import aggregate, interquartile_mean, member_configs
-from fastrl.ppo import compute_advantages
-from fastrl.trainer import Trainer, torch_thread_counts
-from fastrl.update import LOSS_KEYS, minibatch_index
+from fastrl.run.run_config import parse_cli
+from fastrl.distributed.torchrun import DistInfo
+from fastrl.envs.stats import EpisodeStats, MemberEpisodeStats
+from fastrl.learn.optim import annealed_lr
+from fastrl.run.population import aggregate, interquartile_mean, member_configs
+from fastrl.learn.ppo import compute_advantages
+from fastrl.run.trainer import Trainer, torch_thread_counts
+from fastrl.learn.update import LOSS_KEYS, minibatch_index
 
 SMALL = {"total_steps": 2560, "progress": False, "n_minibatches": 2, "n_epochs": 2, "n_envs": 4, "n_steps": 16}
 A2C = {"algo": "a2c", "n_minibatches": 1, "n_epochs": 1}
@@ -35,7 +35,7 @@ def aot_eager(monkeypatch):
     """torch.compile with the cheap aot_eager backend: Dynamo's graph capture (fullgraph, vmap, the fused env) without
     inductor's code generation, which costs about 40 s per graph on the 2-core CPU."""
     real_compile = torch.compile
-    monkeypatch.setattr(fastrl.compile.torch, "compile",
+    monkeypatch.setattr(fastrl.run.compile.torch, "compile",
                         lambda fn, mode=None, **kw: real_compile(fn, backend="aot_eager", **kw))
 
 
@@ -203,7 +203,7 @@ def test_a_single_run_equals_the_torch_optim_twin_after_one_iteration(algo):
     (dict(n_members=3, device="cuda"), (0, 0)),                     # torch's own on CUDA
 ])
 def test_thread_counts_for_collecting_and_updating(monkeypatch, given, expected):
-    monkeypatch.setattr("fastrl.trainer.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("fastrl.run.trainer.os.cpu_count", lambda: 2)
     given = dict(given)
     cfg = make_config({"torch_threads": given.pop("threads", 0)})
     device = torch.device(given.pop("device", "cpu"))
@@ -213,7 +213,7 @@ def test_thread_counts_for_collecting_and_updating(monkeypatch, given, expected)
 def test_a_population_updates_on_its_update_threads_and_collects_on_its_collect_threads(monkeypatch):
     """The thread count inside each phase, seen by the trainer's own calls; the process is left on the collect count
     (evaluation and the caller run there)."""
-    monkeypatch.setattr("fastrl.trainer.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("fastrl.run.trainer.os.cpu_count", lambda: 2)
     torch.set_num_threads(1)
     trainer = Trainer(make_config(dict(SMALL, n_seeds=2, compile="off")))
     assert (trainer.collect_threads, trainer.update_threads) == (1, 2)
@@ -392,7 +392,7 @@ def test_population_run_writes_members_aggregates_rows_and_loads_each_member(tmp
 
 def test_plot_draws_a_band_per_variant(tmp_path):
     pytest.importorskip("matplotlib")
-    from fastrl.plot import member_bands, plot_runs, read_rows
+    from fastrl.run.plot import member_bands, plot_runs, read_rows
     run_dir = tmp_path / "pop"
     assert train_main(["--n-seeds", "2", "--total-steps", "512", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1",
                        "--compile", "off", "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
@@ -428,7 +428,7 @@ def test_population_learns_cartpole_median_of_members(tmp_path):
 
 
 def test_member_rows_become_per_member_series_in_wandb():
-    from fastrl.logger import member_series
+    from fastrl.run.logger import member_series
     row = {"global_step": 512, "member": 3, "seed": 4, "member_step": 128, "variant": "lr=0.001", "lr": 0.001,
            "charts/episodic_return": 20.0}
     assert member_series(row) == {"global_step": 512, "member3/lr": 0.001, "member3/charts/episodic_return": 20.0}

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import one_line_error
-from fastrl import preflight
+from fastrl.run import preflight
 from fastrl.config import ACTOR_LEARNER_ALGOS, ALGOS, UserError, make_config
-from fastrl.models import make_agent
-from fastrl.preflight import check_device, check_launch, check_model, check_precision, check_run, check_run_dir
+from fastrl.learn.models import make_agent
+from fastrl.run.preflight import check_device, check_launch, check_model, check_precision, check_run, check_run_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["--eval-episodes", "0", "--progress", "false", "--tensorboard", "false", "--wandb", "disabled"]
@@ -156,7 +156,7 @@ def test_channels_last_frames_are_refused(encoder):
 
 
 def test_gymnasium_env_missing_its_package(monkeypatch):
-    from fastrl import envs
+    from fastrl.envs import envs
 
     def missing(*args, **kwargs):
         raise ImportError("Box2D is not installed, run `pip install \"gymnasium[box2d]\"`\nmore detail")
@@ -277,7 +277,7 @@ def test_fuzz_combinations_run_or_fail_in_one_line(overrides, world_size):
     (["--device", "cuda:x"], "device"),
 ])
 def test_cli_combination_errors_in_process(capsys, tmp_path, monkeypatch, argv, needle):
-    from fastrl.train import main
+    from fastrl.cli.train import main
     monkeypatch.chdir(tmp_path)
     assert main(argv + TINY) == 2
     out, err = capsys.readouterr()

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import QUIET, train_main
-from fastrl import envs
+from fastrl.envs import envs
 from fastrl.config import UserError, load_yaml, make_config
-from fastrl.models import ImpalaResNet, resolve_encoder
+from fastrl.learn.models import ImpalaResNet, resolve_encoder
 
 GAME = "CoinrunEasy-v0"
 needs_procgen_ids = pytest.mark.skipif(GAME not in envs.envpool_ids(), reason="this EnvPool build has no Procgen")
@@ -79,7 +79,7 @@ def test_procgen_ppo_trains_a_few_iterations():
         envs.require_procgen_runtime(GAME)
     except UserError as e:
         pytest.skip(f"Qt 5 runtime missing here ({e})")
-    from fastrl.train import Trainer
+    from fastrl.run.trainer import Trainer
     values = {**load_yaml("configs/ppo/procgen.yaml"), "n_envs": 2, "n_steps": 8, "n_minibatches": 2,
               "n_epochs": 1, "total_steps": 48, "env_threads": 1, "progress": False, "tensorboard": False,
               "wandb": "disabled", "plot": False}

@@ -34,7 +34,7 @@ def test_flags_and_refusals():
     cfg = make_config({**SMALL, "actors": "ray", "ray_address": "127.0.0.1:6379",
                        "actor_resources": "actor_node=1, CPU=0.5"})
     assert (cfg.actors, cfg.ray_address, cfg.actor_resources) == ("ray", "127.0.0.1:6379", "actor_node=1, CPU=0.5")
-    from fastrl.ray_actors import actor_options
+    from fastrl.distributed.ray_actors import actor_options
     options = actor_options(cfg)
     assert (options["num_cpus"], options["resources"], options["max_restarts"]) == (0.5, {"actor_node": 1.0}, -1)
     assert "--actors ray" in one_line_error(make_config, {**SMALL, "ray_address": "10.0.0.1:6379"})
@@ -42,12 +42,12 @@ def test_flags_and_refusals():
     assert "KEY=V" in one_line_error(make_config, {**SMALL, "actors": "ray", "actor_resources": "actor_node"})
     assert "KEY=V" in one_line_error(make_config, {**SMALL, "actors": "ray", "actor_resources": "x=-1"})
     assert "does not apply to ppo" in one_line_error(make_config, {"algo": "ppo", "actors": "ray"})
-    from fastrl.preflight import check_launch
+    from fastrl.run.preflight import check_launch
     assert "DDP" in one_line_error(check_launch, make_config({**SMALL, "actors": "ray"}), 2)
 
 
 def test_without_ray_one_line_says_how_to_install(monkeypatch):
-    from fastrl.ray_actors import check_ray
+    from fastrl.distributed.ray_actors import check_ray
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     message = one_line_error(check_ray, make_config({**SMALL, "actors": "ray"}))
     assert 'pip install "fastrl[ray]"' in message
@@ -56,7 +56,7 @@ def test_without_ray_one_line_says_how_to_install(monkeypatch):
 
 def test_unreachable_ray_address_is_one_line():
     pytest.importorskip("ray", reason='ray is not installed: pip install "fastrl[ray]"')
-    from fastrl.ray_actors import check_ray
+    from fastrl.distributed.ray_actors import check_ray
     port = _free_port()  # nothing listens there
     message = one_line_error(check_ray, make_config({**SMALL, "actors": "ray", "ray_address": f"127.0.0.1:{port}"}))
     assert f"127.0.0.1:{port}" in message and "ray start --head" in message
@@ -69,8 +69,10 @@ def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode):
     actor's shared-memory slot and through a Ray actor's result: the same batch, then bit-identical weights and
     metrics after the update."""
     pytest.importorskip("ray", reason='ray is not installed: pip install "fastrl[ray]"')
-    from fastrl import ray_actors
-    from fastrl.actor_learner import ActorLearnerTrainer, RolloutCollector, RolloutViews, flat_weights
+    from fastrl.distributed import ray_actors
+    from fastrl.distributed.actors import RolloutCollector, flat_weights
+    from fastrl.distributed.async_collect import RolloutViews
+    from fastrl.run.actor_learner import ActorLearnerTrainer
     monkeypatch.setattr(ray_actors, "_actor_context", lambda: (False, "node-under-test"))
     monkeypatch.setattr(ray_actors, "_fetch", lambda ref: ref)  # the "object store" hands back the array itself
     local = ActorLearnerTrainer(make_config({**SMALL, "env_mode": env_mode}), CPU)
@@ -305,7 +307,8 @@ def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):
     """In-process learner on the cluster, with a tight lag bound so that stale rollouts occur: every rollout taken
     carries the version it was collected with, none is trained on beyond max_policy_lag, and every rollout received is
     trained on, dropped as stale (counted) or still waiting in the ring."""
-    from fastrl.actor_learner import FULL, ActorLearnerTrainer
+    from fastrl.distributed.actors import FULL
+    from fastrl.run.actor_learner import ActorLearnerTrainer
     cfg = make_config({**SMALL, "actors": "ray", "ray_address": cluster.address, "actor_resources": "actor_node=1",
                        "n_slots": 8, "max_policy_lag": 1, "total_steps": 10**6})
     trainer = ActorLearnerTrainer(cfg, CPU)
@@ -366,7 +369,7 @@ def test_kill_9_of_an_actor_is_survived_and_counted(cluster, tmp_path):
 def test_hung_actor_is_restarted_and_the_learner_goes_on(cluster):
     """An actor stopped with SIGSTOP (alive, silent) is restarted after actor_timeout_s; meanwhile the other actor keeps
     the learner going, and the hung actor's calls are counted as lost."""
-    from fastrl.actor_learner import ActorLearnerTrainer
+    from fastrl.run.actor_learner import ActorLearnerTrainer
     cfg = make_config({**SMALL, "actors": "ray", "ray_address": cluster.address, "actor_resources": "actor_node=1",
                        "actor_timeout_s": 3.0, "total_steps": 10**7})
     trainer = ActorLearnerTrainer(cfg, CPU)

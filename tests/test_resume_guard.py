@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from conftest import QUIET, train_main
-from fastrl.checkpoint import list_checkpoints
-from fastrl.run_config import RESUME_FIXED
+from fastrl.run.checkpoint import list_checkpoints
+from fastrl.run.run_config import RESUME_FIXED
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0"]

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from fastrl.config import make_config
-from fastrl.trainer import Trainer
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 
@@ -46,7 +46,7 @@ def test_compile_auto_plans_the_rollout_by_run_length():
     """compile auto on CPU: the rollout step compiles only when the run has enough rollout steps to repay the
     compile. That the plan ignores the cache, and CUDA's plan: tests/test_update.py; the whole iteration's plan:
     tests/test_iteration.py."""
-    from fastrl.compile import CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan, compile_plan
+    from fastrl.run.compile import CPU_ROLLOUT_COMPILE_MIN_STEPS, CompilePlan, compile_plan
     cpu = torch.device("cpu")
     unfused = CPU_ROLLOUT_COMPILE_MIN_STEPS
     assert compile_plan("auto", cpu, 0, rollout_steps=unfused - 1).rollout == "off"

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import QUIET, train_main
-from fastrl.checkpoint import list_checkpoints
-from fastrl.rundir import rewind_logs
+from fastrl.run.checkpoint import list_checkpoints
+from fastrl.run.rundir import rewind_logs
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0"]

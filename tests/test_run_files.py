@@ -5,8 +5,8 @@ import json
 import pytest
 
 from conftest import QUIET, train_main
-from fastrl.checkpoint import list_checkpoints
-from fastrl.runfiles import MANIFEST
+from fastrl.run.checkpoint import list_checkpoints
+from fastrl.run.runfiles import MANIFEST
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "1", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0", "--checkpoint-interval", "1", *QUIET]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import QUIET, train_main
-from fastrl.checkpoint import list_checkpoints
+from fastrl.run.checkpoint import list_checkpoints
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu", "--eval-episodes", "0"]
@@ -38,7 +38,7 @@ def test_same_second_twins_get_their_own_run_dirs(tmp_path):
         import sys, time
         time.strftime = lambda fmt, *args: "20260101-000000"
         from fastrl.config import make_config
-        from fastrl.rundir import default_run_dir
+        from fastrl.run.rundir import default_run_dir
         go = float(sys.argv[1])
         while time.time() < go:
             pass
@@ -98,7 +98,7 @@ WORKER = textwrap.dedent("""
     import sys
     from fastrl.config import make_config
     from fastrl.distributed import DistInfo
-    from fastrl.rundir import agree_run_dir, write_config
+    from fastrl.run.rundir import agree_run_dir, write_config
     try:
         cfg = make_config({"seed": int(sys.argv[1])})
         path = agree_run_dir(cfg, DistInfo(rank=0, world_size=2))
@@ -155,7 +155,7 @@ def test_torchrun_restart_refuses_a_run_dir_of_another_job(tmp_path, monkeypatch
     assert train_main(TINY + QUIET + ["--total-steps", "128", "--run-dir", str(run_dir), "--seed", "1"]) == 0
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     from fastrl.config import UserError, make_config
-    from fastrl.distributed import DistInfo
-    from fastrl.rundir import agree_run_dir
+    from fastrl.distributed.torchrun import DistInfo
+    from fastrl.run.rundir import agree_run_dir
     with pytest.raises(UserError, match="another job's run.*seed"):
         agree_run_dir(make_config({"run_dir": str(run_dir), "seed": 2}), DistInfo())

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fastrl.logger import RunLogger, SinkProcess
-from fastrl.rundir import LOCK_FILE, RunLock
+from fastrl.run.logger import RunLogger, SinkProcess
+from fastrl.run.rundir import LOCK_FILE, RunLock
 
 TESTS = str(Path(__file__).parent)
 FAKES = "fastrl_sink_fakes:file_sinks"
@@ -42,7 +42,7 @@ def test_a_ctrl_c_to_the_run_leaves_the_child_and_the_run_killed_ends_it_with_ev
     killed with -9: the child writes every row it was sent, closes its sinks and exits."""
     out = tmp_path / "rows.jsonl"
     run = ("import os, signal\n"
-           "from fastrl.logger import SinkProcess\n"
+           "from fastrl.run.logger import SinkProcess\n"
            "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
            f"sinks = SinkProcess({{'path': {str(out)!r}}}, factory={FAKES!r})\n"
            "sinks.log({'a': 1}, 1)\n"
@@ -126,7 +126,7 @@ def test_the_run_plot_is_drawn_by_the_sink_process_and_close_waits_for_it(tmp_pa
     """With a sink process the run's learning-curve plot is the child's work (it imported matplotlib while the run
     trained); the run asks for it after its last files and ``close`` returns once the PNG is written. The run's own
     process never imports matplotlib for it."""
-    import fastrl.logger as logger_module
+    import fastrl.run.logger as logger_module
     drawn_here = []
     monkeypatch.setattr(logger_module.NullLogger, "write_plot", lambda self, run_dir: drawn_here.append(run_dir))
     logger = RunLogger(tmp_path, {"quiet": True}, total_steps=300, tensorboard=True, wandb_mode="disabled",

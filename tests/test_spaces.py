@@ -13,9 +13,9 @@ import torch
 import fastrl
 from conftest import median_of_seeds, one_line_error
 from fastrl.config import make_config
-from fastrl.envs import make_env
-from fastrl.models import ActorCritic, DictActorCritic, NatureCNN, OneHot, PixelActorCritic, SmallCNN, resolve_encoder
-from fastrl.spaces import space_from_data, space_to_data, spaces_to_data
+from fastrl.envs.batched import make_env
+from fastrl.learn.models import ActorCritic, DictActorCritic, NatureCNN, OneHot, PixelActorCritic, SmallCNN, resolve_encoder
+from fastrl.envs.spaces import space_from_data, space_to_data, spaces_to_data
 from fastrl_space_envs import (BitsMatch, CodeMatch, DictCodeMatch, DictMatch, MultiMatch, PixelMatch, PixelMatchSmall,
                                PixelSteer, TinyPolicy)
 
@@ -31,7 +31,7 @@ def _train(env, tmp_path, **overrides):
 @pytest.mark.parametrize("env, encoder", [(PixelMatch, "small_cnn"), (PixelMatchSmall, "small_cnn")])
 def test_channels_last_images_are_transposed_and_get_an_encoder_that_fits(env, encoder, tmp_path):
     size = env.size
-    batched = make_env(make_config({"env": fastrl.envs.env_name(env), "n_envs": 2}))
+    batched = make_env(make_config({"env": fastrl.envs.registry.env_name(env), "n_envs": 2}))
     obs = batched.reset()
     batched.close()
     assert batched.observation_shape == (3, size, size) and obs.shape == (2, 3, size, size) and obs.dtype == torch.uint8
@@ -220,7 +220,7 @@ def test_an_image_env_without_a_tuned_config_gets_a_cnn_and_raw_frames(tmp_path)
 
 def test_frozenlake_trains_with_the_general_discrete_default_over_300k_steps():
     from fastrl.config import GENERAL_DEFAULTS
-    from fastrl.run_config import build_config
+    from fastrl.run.run_config import build_config
     cfg, _ = build_config({"env": "FrozenLake-v1"})
     assert "ppo/frozenlake" in cfg.origin and cfg.total_steps == 300_000 and not cfg.normalize_obs
     assert {key: getattr(cfg, key) for key in GENERAL_DEFAULTS["discrete"] if key != "total_steps"} == {

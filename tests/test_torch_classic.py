@@ -11,9 +11,10 @@ import torch
 from conftest import QUIET, median_of_seeds, train_main
 
 from fastrl.config import make_config
-from fastrl.envs import BatchedEnv, resolve_backend
-from fastrl.torch_classic import ACROBOT_MAX_VEL_1, ACROBOT_MAX_VEL_2, THETA_THRESHOLD, X_THRESHOLD
-from fastrl.torch_envs import TORCH_ENVS, TorchEnv, env_step
+from fastrl.envs.batched import BatchedEnv
+from fastrl.envs.registry import resolve_backend
+from fastrl.envs.torch_classic import ACROBOT_MAX_VEL_1, ACROBOT_MAX_VEL_2, THETA_THRESHOLD, X_THRESHOLD
+from fastrl.envs.torch_envs import TORCH_ENVS, TorchEnv, env_step
 
 ENV_IDS = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "MountainCarContinuous-v0", "Pendulum-v1"]
 N_STATES = 1000
@@ -83,7 +84,7 @@ def _time_limit(env):
 
 
 def _gym_action(spec, action):
-    """The action as ``fastrl.envs.BatchedEnv`` hands it to Gymnasium (a Box action clipped to its bounds)."""
+    """The action as ``fastrl.envs.batched.BatchedEnv`` hands it to Gymnasium (a Box action clipped to its bounds)."""
     if spec.action_spec.kind == "discrete":
         return int(action)
     return np.clip(action.numpy(), spec.action_spec.low, spec.action_spec.high).astype(np.float32)

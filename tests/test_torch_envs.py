@@ -11,9 +11,10 @@ import torch
 from conftest import one_line_error
 
 from fastrl.config import make_config
-from fastrl.envs import BatchedEnv, make_env, resolve_backend
-from fastrl.torch_classic import THETA_THRESHOLD, X_THRESHOLD, cartpole_reset
-from fastrl.torch_envs import TORCH_ENVS, TorchEnv, env_step
+from fastrl.envs.batched import BatchedEnv, make_env
+from fastrl.envs.registry import resolve_backend
+from fastrl.envs.torch_classic import THETA_THRESHOLD, X_THRESHOLD, cartpole_reset
+from fastrl.envs.torch_envs import TORCH_ENVS, TorchEnv, env_step
 
 cartpole_step = functools.partial(env_step, TORCH_ENVS["CartPole-v1"])
 
@@ -216,7 +217,7 @@ def test_config_builds_the_torch_env_and_trains_one_iteration():
     env = make_env(cfg)
     assert isinstance(env.env, TorchEnv) and env.reset().shape == (4, 4)
     env.close()
-    from fastrl.train import Trainer
+    from fastrl.run.trainer import Trainer
     trainer = Trainer(cfg)
     try:
         before = [p.detach().clone() for p in trainer.agent.parameters()]

@@ -11,11 +11,11 @@ from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from fastrl import kernels
-from fastrl.buffers import make_rollout_buffer
-from fastrl.envs import ActionSpec
-from fastrl.models import ActorCritic
-from fastrl.ppo import compute_advantages
-from fastrl.torchrl_adapter import default_log_prob_key, to_torchrl
+from fastrl.envs.buffers import make_rollout_buffer
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import ActorCritic
+from fastrl.learn.ppo import compute_advantages
+from fastrl.envs.torchrl_adapter import default_log_prob_key, to_torchrl
 
 GAMMA, LAM = 0.97, 0.9
 CLIP, VF_COEF, ENT_COEF = 0.2, 0.5, 0.01
@@ -67,7 +67,7 @@ def synthetic_rollout(agent, T, N, seed):
 def cartpole():
     """A real rollout: Trainer.collect on CartPole-v1, 4 envs x 48 steps, then the trainer (for its agent)."""
     from fastrl.config import make_config
-    from fastrl.trainer import Trainer
+    from fastrl.run.trainer import Trainer
 
     cfg = make_config(dict(n_envs=4, n_steps=48, seed=3, progress=False, tensorboard=False, wandb="disabled"))
     trainer = Trainer(cfg)

@@ -15,8 +15,9 @@ from tensordict.nn import TensorDictModule
 from torchrl.envs import GymEnv, ParallelEnv, SerialEnv
 
 import fastrl
-from fastrl.envs import BatchedEnv, vector_env_name
-from fastrl.torchrl_adapter import TorchRLVectorEnv
+from fastrl.envs.batched import BatchedEnv
+from fastrl.envs.registry import vector_env_name
+from fastrl.envs.torchrl_adapter import TorchRLVectorEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET_KW = dict(progress=False, tensorboard=False, wandb="disabled", plot=False, quiet=True)
@@ -70,7 +71,7 @@ def shape_two_outputs():
 
 
 def _step_some(env_id, n_envs=2, steps=40):
-    from fastrl.envs import BatchedEnv
+    from fastrl.envs.batched import BatchedEnv
     env = BatchedEnv(env_id, n_envs, seed=0, backend="gymnasium")
     try:
         env.reset()
@@ -82,7 +83,7 @@ def _step_some(env_id, n_envs=2, steps=40):
 def test_env_outputs_of_shape_one_are_squeezed():
     """Always pushing left ends CartPole within 40 steps: rewards come out [N] float32, flags [N] bool, and the
     episode statistics count the episodes (no broadcast error)."""
-    from fastrl.envs import env_name
+    from fastrl.envs.registry import env_name
     steps = _step_some(env_name(shape_one_outputs))
     assert all(s.reward.shape == (2,) and s.reward.dtype == torch.float32 for s in steps)
     assert all(s.terminated.shape == (2,) and s.terminated.dtype == torch.bool for s in steps)
@@ -99,7 +100,7 @@ def test_a_torchrl_env_registered_into_gymnasium_trains(tmp_path):
 
 
 def test_env_outputs_of_another_shape_are_refused_in_one_line():
-    from fastrl.envs import env_name
+    from fastrl.envs.registry import env_name
     message = one_line_error(_step_some, env_name(shape_two_outputs))
     assert "shape_two_outputs" in message and "reward of shape (2,)" in message, message
 

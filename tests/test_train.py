@@ -9,8 +9,10 @@ import torch
 
 import fastrl
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
-from fastrl.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.train import Trainer, config_from_cli, main
+from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
+from fastrl.cli.train import main
+from fastrl.run.run_config import config_from_cli
+from fastrl.run.trainer import Trainer
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",
         "--torch-threads", "1", "--device", "cpu"]
@@ -107,8 +109,8 @@ def test_resume_continues(tmp_path):
 
 
 def test_resume_of_moved_run_writes_into_that_run(base_run, tmp_path):
-    from fastrl.distributed import DistInfo
-    from fastrl.rundir import agree_run_dir
+    from fastrl.distributed.torchrun import DistInfo
+    from fastrl.run.rundir import agree_run_dir
     moved = tmp_path / "moved"
     shutil.copytree(base_run, moved)
     cfg, _ = config_from_cli(["--resume", str(moved), "--total-steps", "768"])

@@ -16,7 +16,7 @@ from fastrl.config import make_config
 
 optuna = pytest.importorskip("optuna")
 
-from fastrl.tune import ask_batch, check_space_with, parse_space, run_batch  # noqa: E402
+from fastrl.cli.tune import ask_batch, check_space_with, parse_space, run_batch  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 SPACE = {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-2},
@@ -45,8 +45,8 @@ def test_a_bad_space_entry_is_one_line(space, expected):
 
 def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path):
     """YAML 1.1 reads 1e-4 and 1.5e6 (no dot) as strings: the space, the config file and the flags take them."""
-    from fastrl.run_config import parse_cli
-    from fastrl.tune import load_space
+    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.tune import load_space
     (tmp_path / "space.yaml").write_text("lr: {type: loguniform, low: 1e-5, high: 3e-4}\n"
                                          "n_steps: {type: int, low: 1e1, high: 1.5e2}\n"
                                          "ent_coef: {type: categorical, choices: [0, 1e-3, 1.5e-2]}\n")
@@ -202,7 +202,7 @@ def test_a_study_directory_in_use_by_another_process_is_one_line(tmp_path, capsy
     from fastrl.cli import main
     tune_dir = tmp_path / "study"
     tune_dir.mkdir()
-    hold = ("import sys, time; from pathlib import Path; from fastrl.rundir import RunLock; "
+    hold = ("import sys, time; from pathlib import Path; from fastrl.run.rundir import RunLock; "
             "RunLock(Path(sys.argv[1])).acquire(); print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", hold, str(tune_dir)], stdout=subprocess.PIPE, text=True,
                               env=_with_repo_on_path())
@@ -219,7 +219,7 @@ def test_a_study_directory_in_use_by_another_process_is_one_line(tmp_path, capsy
 
 
 def test_the_shipped_search_spaces_fit_their_configs():
-    from fastrl.tune import load_space
+    from fastrl.cli.tune import load_space
     spaces = sorted((REPO / "benchmarks" / "spaces").glob("*.yaml"))
     assert spaces
     for path in spaces:  # benchmarks/spaces/<algo>_<config>.yaml searches configs/<algo>/<config>.yaml

@@ -16,14 +16,14 @@ import pytest
 import torch
 from torch.func import vmap
 
-from fastrl.compile import (PLANNING_HORIZON_GRADIENT_STEPS, CompilePlan, compile_cache_dir, compile_plan,
+from fastrl.run.compile import (PLANNING_HORIZON_GRADIENT_STEPS, CompilePlan, compile_cache_dir, compile_plan,
                             steps_per_call, target_steps_per_call)
 from fastrl.config import make_config
-from fastrl.envs import ActionSpec
-from fastrl.models import make_agent
-from fastrl.optim import load_optimizer_state_dict, optimizer_state_dict
-from fastrl.stacked import FlatLayout
-from fastrl.update import LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, member_hparams, minibatch_index
+from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.models import make_agent
+from fastrl.learn.optim import load_optimizer_state_dict, optimizer_state_dict
+from fastrl.learn.stacked import FlatLayout
+from fastrl.learn.update import LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, member_hparams, minibatch_index
 from reference_update import reference_optimizer, reference_update
 
 OBS, N_ACTIONS, BATCH = (4,), 3, 64
@@ -257,7 +257,7 @@ def test_compile_plan_reads_config_and_shapes_only(tmp_path, monkeypatch):
     assert steps_per_call(4, 2, 8) == 8 and steps_per_call(10, 32, 8) == 8 and steps_per_call(10, 4, 8) == 8
     assert steps_per_call(4, 1, 8) == 4 and steps_per_call(5, 5, 8) == 5 and steps_per_call(10, 7, 8) == 7
     assert steps_per_call(10, 11, 8) == 1
-    # a long run plans over PLANNING_HORIZON_GRADIENT_STEPS (fastrl.compile): 3 steps per call at most there
+    # a long run plans over PLANNING_HORIZON_GRADIENT_STEPS (fastrl.run.compile): 3 steps per call at most there
     long = 2 * 10**6
     assert target_steps_per_call(PLANNING_HORIZON_GRADIENT_STEPS) == 3
     assert compile_plan("auto", cpu, long, n_epochs=4, n_minibatches=2).steps_per_call == steps_per_call(4, 2, 3) == 2
@@ -293,7 +293,7 @@ def test_a_trainer_with_a_restored_iteration_count_compiles_before_it_skips_guar
     """fastrl tune's next segment (fewer members, in the same process) and a resume build a Trainer whose iteration
     count is restored: it compiles for its own shapes on its first iteration and skips guards only from its second,
     instead of failing over to eager (a recompile under skipped guards raises)."""
-    from fastrl.trainer import Trainer
+    from fastrl.run.trainer import Trainer
     base = {"env": "CartPole-v1", "n_envs": 2, "n_steps": 8, "n_epochs": 1, "n_minibatches": 2, "hidden_sizes": [8],
             "compile": "default", "progress": False, "wandb": "disabled", "tensorboard": False}
     first = Trainer(make_config({**base, "n_seeds": 2}))
@@ -325,7 +325,7 @@ def test_steps_per_call_weighs_the_compile_against_the_calls():
     assert compile_plan("auto", cpu, 15_360).update == "off"  # one agent: eager below 20k steps
     assert compile_plan("auto", cpu, 11_680, members=3).update == "default"  # a population compiles from 10k
     assert compile_plan("auto", cpu, 7_800, members=3).update == "off"
-    # a population whose eager step is the hand-derived gradient (fastrl.mlp_gradient) compiles from 30k
+    # a population whose eager step is the hand-derived gradient (fastrl.learn.mlp_gradient) compiles from 30k
     assert compile_plan("auto", cpu, 12_500, members=3, hand_gradient=True).update == "off"
     assert compile_plan("auto", cpu, 62_464, members=3, hand_gradient=True).update == "default"
 
@@ -367,7 +367,7 @@ STEP_PATH_TABLE = [
 
 @pytest.mark.parametrize("case, path", STEP_PATH_TABLE, ids=[str(case) for case, _ in STEP_PATH_TABLE])
 def test_step_path_is_a_pure_function_of_the_config_and_shapes(case, path):
-    from fastrl.update import step_path
+    from fastrl.learn.update import step_path
     assert step_path(*case) == path
 
 
@@ -377,7 +377,7 @@ def test_step_path_is_a_pure_function_of_the_config_and_shapes(case, path):
     (dict(n_seeds=2, algo="a2c", n_epochs=1, n_minibatches=1), "members_hand")])
 def test_the_trainer_records_the_path_its_config_takes(overrides, path):
     """The trainer builds its update through ``step_path`` and records the path in summary.json (``compiled``)."""
-    from fastrl.trainer import Trainer
+    from fastrl.run.trainer import Trainer
     cfg = make_config({"env": "CartPole-v1", "n_envs": 2, "n_steps": 8, "total_steps": 64, "device": "cpu", **overrides})
     trainer = Trainer(cfg)
     try:

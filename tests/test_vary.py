@@ -10,9 +10,9 @@ import yaml
 from conftest import QUIET, one_line_error, train_main
 
 from fastrl.config import SHAPE_KEYS, VARY_KEYS, make_config
-from fastrl.run_config import parse_cli
-from fastrl.population import member_configs
-from fastrl.trainer import Trainer
+from fastrl.run.run_config import parse_cli
+from fastrl.run.population import member_configs
+from fastrl.run.trainer import Trainer
 
 TINY = ["--total-steps", "512", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1", "--compile", "off"]
 SMALL = {"total_steps": 512, "n_envs": 4, "n_steps": 16, "n_epochs": 2, "n_minibatches": 2, "compile": "off",
@@ -169,7 +169,7 @@ def test_one_variant_keeps_the_population_figures(tmp_path):
 
 
 def test_the_progress_line_shows_each_variant_never_their_mean():
-    from fastrl.loop import progress_returns
+    from fastrl.run.loop import progress_returns
     ret = "charts/episodic_return"  # the member rows' name for it (Trainer.member_rows)
     rows = [{"variant": "lr=0.001", ret: 100.0}, {"variant": "lr=0.001", ret: 200.0},
             {"variant": "lr=0.0005", ret: 20.0}, {"variant": "lr=0.0005", ret: 40.0}]

@@ -8,7 +8,8 @@ import torch
 import fastrl
 from conftest import QUIET
 from fastrl.config import UserError
-from fastrl.envs import BatchedEnv, vector_env_name
+from fastrl.envs.batched import BatchedEnv
+from fastrl.envs.registry import vector_env_name
 
 QUIET_KW = {"wandb": "disabled", "tensorboard": False, "progress": False, "plot": False, "quiet": True}
 

@@ -1,0 +1,145 @@
+"""The ``fastrl`` console script: ``fastrl train|tune|eval|plot|bench`` (``train``: ``fastrl.cli.train``, also
+``python -m fastrl.train``; ``tune``: ``fastrl.cli.tune``). Nothing heavy is imported before a command runs, so
+``--help`` answers at once."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fastrl.config import UserError
+
+USAGE = """usage: fastrl {train,tune,eval,plot,bench} ... | fastrl --version
+
+  fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
+  fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] [--trial-seeds S] [--trial-steps N]
+              [--dir DIR] [train flags ...]      search hyperparameters with Optuna (pip install "fastrl[tune]");
+                                                 DIR/best.yaml is the best trial's --config (see fastrl tune --help)
+  fastrl eval CKPT [--episodes N] [--seeds K] [--stochastic] [--device DEV] [--env ID]   evaluate a checkpoint
+  fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
+  fastrl bench [PART ...] [--quick] [--out-dir DIR]                            run benchmarks (see fastrl bench --help)
+  fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UserError(message)
+
+
+def eval_main(argv: list[str]) -> int:
+    parser = _Parser(prog="fastrl eval", description="Evaluate a checkpoint's policy on fresh envs (its mode, or "
+                                                     "sampled actions with --stochastic), within step caps.")
+    parser.add_argument("checkpoint", help="checkpoint file or run directory (its newest checkpoint)")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes per seed (default 10)")
+    parser.add_argument("--seeds", type=int, default=3, help="number of eval seeds (default 3)")
+    parser.add_argument("--device", default="cpu", help="device for the policy (default cpu)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
+    parser.add_argument("--env", default=None, help="the env to evaluate on (required when the run's env is a "
+                        "module:Name, which a checkpoint alone never makes fastrl import)")
+    parser.add_argument("--policy", default=None, help="the run's custom policy class, module:ClassName or "
+                        "path/to/file.py:ClassName (required when the run had one: a checkpoint alone never makes "
+                        "fastrl import it)")
+    rule = parser.add_mutually_exclusive_group()
+    rule.add_argument("--stochastic", dest="deterministic", action="store_false", default=None,
+                      help="sample actions (default: the run's eval_deterministic, normally the policy's mode)")
+    rule.add_argument("--deterministic", dest="deterministic", action="store_true", default=None,
+                      help="the policy's mode (argmax / mean)")
+    parser.add_argument("--max-episode-steps", type=int, default=None,
+                        help="cut an episode after this many steps (default: the run's eval_max_episode_steps, 27,000)")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="cut the evaluation after this many env steps, all envs together (default: the run's "
+                             "eval_max_steps, 1,000,000)")
+    try:
+        args = parser.parse_args(argv)  # --help exits here, before torch is imported
+        if args.episodes <= 0 or args.seeds <= 0:
+            raise UserError("--episodes and --seeds must be positive")
+        if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
+            raise UserError("--max-episode-steps and --max-steps must be positive")
+    except UserError as e:
+        print(f"fastrl eval: error: {e}", file=sys.stderr)
+        return 2
+    from fastrl.run.evaluate import EvaluationStopped, evaluate_checkpoint
+    from fastrl.signals import install_stop_handlers
+    stop = {"stop": None}
+    previous_handlers = {}
+    try:
+        previous_handlers = install_stop_handlers(stop)
+        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
+                                           args.env, args.policy, deterministic=args.deterministic,
+                                           max_steps=args.max_episode_steps,
+                                           max_total_steps=args.max_steps, label="evaluation",
+                                           should_stop=lambda: stop["stop"] is not None)
+    except UserError as e:
+        print(f"fastrl eval: error: {e}", file=sys.stderr)
+        return 2
+    except EvaluationStopped:
+        print("fastrl eval: stopped by a signal before the episodes finished", file=sys.stderr)
+        return 130
+    finally:
+        import signal
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+    from fastrl.run.console import print_result
+    if args.json:
+        line = json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
+                           "returns": returns.tolist()})
+    else:
+        line = f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
+    return 0 if print_result(line) else 1
+
+
+def bench_main(argv: list[str]) -> int:
+    """The benchmarks live in a source checkout's ``benchmarks/`` folder, beside ``fastrl/``: they are not installed
+    (the package installs the top-level name ``fastrl`` only), so an install from a checkout (``pip install -e .``)
+    finds them there."""
+    from pathlib import Path
+    checkout = Path(__file__).resolve().parent.parent
+    if not (checkout / "benchmarks" / "run.py").is_file():
+        print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
+              "repository, pip install -e . there and run fastrl bench", file=sys.stderr)
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from benchmarks.run import main as run_benchmarks
+    return run_benchmarks(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        import fastrl
+        print(f"fastrl {fastrl.__version__}")
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "train":
+        from fastrl.cli.train import main as train_main
+        return train_main(rest, prog="fastrl train")
+    if command == "tune":
+        from fastrl.cli.tune import tune_main
+        return tune_main(rest)
+    if command == "eval":
+        return eval_main(rest)
+    if command == "plot":
+        from fastrl.run.plot import plot_main
+        return plot_main(rest)
+    if command == "bench":
+        return bench_main(rest)
+    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, plot or bench", file=sys.stderr)
+    return 2
+
+
+def entry() -> int:
+    """The installed ``fastrl`` command and ``python -m fastrl``: ``main``, with ``fastrl train`` run as the process's
+    whole work (``fastrl.run.session.run_as_process``: a Ctrl-C that cut the start-up short exits without teardown)."""
+    if sys.argv[1:2] == ["train"]:
+        from fastrl.run.session import run_as_process
+        return run_as_process(main)
+    return main()
+
+

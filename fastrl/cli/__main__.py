@@ -1,0 +1,5 @@
+import sys
+
+from fastrl.cli import entry
+
+sys.exit(entry())

@@ -1,0 +1,201 @@
+"""What every env backend shares: one step's tensors (``EnvStep``), episode statistics over envs and members
+(``EpisodeStats``, reset steps masked out by ``valid``) and running observation / return normalizers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+
+
+@dataclass
+class EnvStep:
+    observation: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    valid: torch.Tensor
+    done: torch.Tensor  # terminated | truncated
+
+
+class EpisodeStats:
+    """Per-env running return and length, and a ring of the last ``window`` finished episodes.
+
+    Reset steps (``valid`` False) add nothing. All bookkeeping is vectorized over envs.
+    """
+
+    def __init__(self, n_envs: int, window: int = 100):
+        self.running_return = torch.zeros(n_envs, dtype=torch.float64)
+        self.running_length = torch.zeros(n_envs, dtype=torch.int64)
+        self.returns = torch.zeros(window, dtype=torch.float64)
+        self.lengths = torch.zeros(window, dtype=torch.int64)
+        self.window = window
+        self.count = 0  # finished episodes so far
+        self.window_start = 0  # recent() only looks at episodes from here on
+
+    def update(self, reward, done, valid, env_ids=None) -> None:
+        """``reward``, ``done``, ``valid``: ``[N]`` CPU tensors or numpy arrays; or ``[k]`` for the envs ``env_ids``
+        (distinct ints ``[k]``, as an async env's recv returns them).
+
+        Per-step bookkeeping runs in numpy on views of the tensors: a numpy op on 8-64 elements costs
+        about a microsecond, a torch op several.
+        """
+        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
+        running_return, running_length = self.running_return.numpy(), self.running_length.numpy()
+        ids = slice(None) if env_ids is None else np.asarray(env_ids)
+        running_return[ids] += reward * valid  # env_ids are distinct, so the indexed += adds once per env
+        running_length[ids] += valid
+        if done.any():
+            finished = np.flatnonzero(done) if env_ids is None else ids[done]
+            self.record(running_return[finished], running_length[finished])
+            running_return[finished] = 0.0
+            running_length[finished] = 0
+
+    def record(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Add finished episodes (their returns and lengths, in order) to the ring."""
+        slots = np.arange(self.count, self.count + returns.size) % self.window
+        self.returns.numpy()[slots] = returns
+        self.lengths.numpy()[slots] = lengths
+        self.count += returns.size
+
+    def recent(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns and lengths of the last ``min(count - window_start, window, limit)`` finished episodes."""
+        n = min(self.count - self.window_start, self.window, self.window if limit is None else limit)
+        if n == self.window or (self.window_start == 0 and self.count <= n):
+            return self.returns[:n], self.lengths[:n]  # the whole ring, or its still-unwrapped start
+        slots = torch.arange(self.count - n, self.count) % self.window
+        return self.returns[slots], self.lengths[slots]
+
+    def restart_window(self) -> None:
+        """Forget the episodes so far for ``recent()`` (e.g. after a rollback); ``count`` keeps counting."""
+        self.window_start = self.count
+
+    def summary(self) -> dict:
+        returns, lengths = self.recent()
+        if returns.numel() == 0:
+            return {"episodes": self.count}
+        return {"episodes": self.count, "episode_return_mean": returns.mean().item(),
+                "episode_return_std": returns.std(unbiased=False).item(),
+                "episode_length_mean": lengths.double().mean().item()}
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns.clone(), "lengths": self.lengths.clone(), "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns.copy_(state["returns"])
+        self.lengths.copy_(state["lengths"])
+        self.count = int(state["count"])
+
+
+class MemberEpisodeStats(EpisodeStats):
+    """``EpisodeStats`` over ``n_members * n_envs`` envs that also keeps a last-``window`` ring per member
+    (member ``m`` owns envs ``[m * n_envs, (m + 1) * n_envs)``). ``members[m]`` is member m's own
+    ``EpisodeStats``: its ``recent()``, ``summary()`` and state equal those of member m's single run."""
+
+    def __init__(self, n_members: int, n_envs: int, window: int = 100):
+        super().__init__(n_members * n_envs, window)
+        self.n_envs = n_envs
+        self.members = [EpisodeStats(n_envs, window) for _ in range(n_members)]
+        for m, member in enumerate(self.members):  # running sums are views of the whole env's
+            member.running_return = self.running_return[m * n_envs:(m + 1) * n_envs]
+            member.running_length = self.running_length[m * n_envs:(m + 1) * n_envs]
+
+    def update(self, reward, done, valid, env_ids=None) -> None:
+        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
+        local = np.flatnonzero(done)
+        finished = local if env_ids is None else np.asarray(env_ids)[local]
+        if finished.size:  # before the whole env's update clears the finished sums
+            self.record_envs(finished, self.running_return.numpy()[finished] + reward[local] * valid[local],
+                             self.running_length.numpy()[finished] + valid[local], members_only=True)
+        super().update(reward, done, valid, env_ids)
+
+    def record_envs(self, env_ids: np.ndarray, returns: np.ndarray, lengths: np.ndarray,
+                    members_only: bool = False) -> None:
+        """Add episodes that ended in envs ``env_ids`` (in order) to their members' rings (and the whole ring)."""
+        owner = np.asarray(env_ids) // self.n_envs
+        for m in np.unique(owner):
+            self.members[m].record(returns[owner == m], lengths[owner == m])
+        if not members_only:
+            self.record(returns, lengths)
+
+
+
+class RunningMeanStd:
+    """Running mean and variance over the batch dimension (Chan et al. parallel update), float64."""
+
+    def __init__(self, shape=()):
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.var = torch.ones(shape, dtype=torch.float64)
+        self.count = torch.tensor(1e-4, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor) -> None:
+        if x.shape[0] == 0:  # e.g. every env on its reset step: nothing to learn, and no NaN from an empty mean
+            return
+        x = x.double()
+        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.var = (self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), state["count"].clone()
+
+
+def normalize_observation(obs: torch.Tensor, obs_rms: RunningMeanStd, clip: float) -> torch.Tensor:
+    """``(obs - mean) / sqrt(var + 1e-8)``, clipped to ``[-clip, clip]``, float32: what the policy was trained on."""
+    scaled = (obs.double() - obs_rms.mean) / torch.sqrt(obs_rms.var + 1e-8)
+    return scaled.clamp_(-clip, clip).float()
+
+
+class MemberRunningMeanStd:
+    """K running means and variances, one per member, updated at once from ``[K, n, *shape]`` batches (Chan et al.
+    parallel update), float64: ``mean``, ``var`` ``[K, *shape]``, ``count`` ``[K]``."""
+
+    def __init__(self, members: int, shape=()):
+        self.mean = torch.zeros((members, *shape), dtype=torch.float64)
+        self.var = torch.ones((members, *shape), dtype=torch.float64)
+        self.count = torch.full((members,), 1e-4, dtype=torch.float64)
+
+    def update(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Fold in ``x [K, n, *shape]``; ``mask [K, n]`` keeps only its rows (None: all). A member with no row
+        keeps its statistics (no NaN from an empty mean)."""
+        x = x.double()
+        trailing = (1,) * (x.dim() - 2)
+        if mask is None:
+            if x.shape[1] == 0:
+                return
+            n = torch.full_like(self.count, x.shape[1])
+            batch_mean, batch_var = x.mean(1), x.var(1, unbiased=False)
+        else:
+            n = mask.sum(1).double()
+            weight = mask.double().view(*mask.shape, *trailing)
+            rows = n.clamp(min=1.0).view(-1, *trailing)
+            batch_mean = (x * weight).sum(1) / rows
+            batch_var = ((x - batch_mean.unsqueeze(1)).square() * weight).sum(1) / rows
+        n_, count = n.view(-1, *trailing), self.count.view(-1, *trailing)
+        delta = batch_mean - self.mean
+        total = count + n_
+        mean = self.mean + delta * n_ / total
+        var = (self.var * count + batch_var * n_ + delta.square() * count * n_ / total) / total
+        if mask is None:
+            self.mean, self.var, self.count = mean, var, self.count + n
+        else:
+            seen = (n > 0).view(-1, *trailing)
+            self.mean, self.var = torch.where(seen, mean, self.mean), torch.where(seen, var, self.var)
+            self.count = torch.where(n > 0, self.count + n, self.count)
+
+    def member(self, m: int) -> RunningMeanStd:
+        """Member ``m``'s statistics as a single run's ``RunningMeanStd`` (a copy)."""
+        rms = RunningMeanStd(self.mean.shape[1:])
+        rms.load_state_dict({"mean": self.mean[m], "var": self.var[m], "count": self.count[m]})
+        return rms
+
+    def load_member(self, m: int, state: dict) -> None:
+        self.mean[m], self.var[m], self.count[m] = state["mean"], state["var"], state["count"]

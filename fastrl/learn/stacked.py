@@ -1,0 +1,207 @@
+"""An agent's parameters as one flat vector, and the forward of K members that share one architecture.
+
+A run of K members (K = 1: a single run) keeps every member's parameters in one float32 tensor ``[K, P]``
+(``FlatLayout`` says where each ``nn.Parameter`` lives in ``P``). The optimizer math then runs on one tensor
+(``fastrl.learn.optim``), ``torch.func.vmap`` maps the update over the member axis, and a checkpoint or an evaluation
+reads member m's weights as a module through ``FlatLayout.load_into``.
+
+``MemberPolicy`` is the rollout's acting function for K members over ``[K * B]`` observations (member m owns rows
+``[m * B, (m + 1) * B)``): at K = 1 it calls the agent module itself, whose parameters are views of ``params[0]``
+(``FlatLayout.bind``), so a single run pays nothing for the member axis; at K > 1 it vmaps ``functional_call``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, vmap
+
+from fastrl.learn.models import ActorCritic, action_logp_entropy, gsde_distribution
+
+
+class AgentMethod(nn.Module):
+    """``forward`` calls ``agent.<method>``: what ``functional_call`` needs to call a method other than forward."""
+
+    def __init__(self, agent: nn.Module, method: str):
+        super().__init__()
+        self.agent, self.method = agent, method
+
+    def forward(self, *args):
+        return getattr(self.agent, self.method)(*args)
+
+
+def parameter_slots(module: nn.Module, params: list) -> list:
+    """``(name, index into params)`` for every module attribute that holds one of ``params``.
+
+    A parameter reachable by two paths of one shared submodule (a shared trunk) is one slot, named by its first
+    path; a parameter assigned to two modules (tied weights) is two slots with one index, so autograd sums its
+    gradient. (``functional_call(tie_weights=True)`` swaps a shared submodule's attribute twice and restores the
+    wrong tensor, replacing the module's parameter.)
+    """
+    index = {id(p): i for i, p in enumerate(params)}
+    slots, seen, found = [], set(), set()
+    for prefix, sub in module.named_modules(remove_duplicate=False):
+        for attr, p in sub._parameters.items():
+            if p is None or id(p) not in index or (id(sub), attr) in seen:
+                continue
+            seen.add((id(sub), attr))
+            found.add(id(p))
+            slots.append((f"{prefix}.{attr}" if prefix else attr, index[id(p)]))
+    missing = [i for i, p in enumerate(params) if id(p) not in found]
+    if missing:
+        raise ValueError(f"parameters {missing} are not parameters of the module")
+    return slots
+
+
+class FlatLayout:
+    """Where each of ``agent.parameters()`` lives in a flat ``[P]`` vector (in that order)."""
+
+    def __init__(self, agent: nn.Module):
+        params = list(agent.parameters())
+        self.shapes = [p.shape for p in params]
+        self.numels = [p.numel() for p in params]
+        self.size = sum(self.numels)
+        self.offsets = [0]
+        for n in self.numels:
+            self.offsets.append(self.offsets[-1] + n)
+        self.methods = {name: AgentMethod(agent, name) for name in ("get_action_and_value", "get_value")}
+        self.slots = {name: parameter_slots(module, params) for name, module in self.methods.items()}
+        self.agent = agent
+        self.index_of = {id(p): i for i, p in enumerate(params)}
+        self.batched = isinstance(agent, ActorCritic)  # an MLP: K members as batched matmuls, no vmap
+
+    def flatten(self, agent: nn.Module) -> torch.Tensor:
+        """The agent's parameters as one ``[P]`` float32 tensor (a copy)."""
+        return torch.cat([p.detach().reshape(-1).float() for p in agent.parameters()])
+
+    def views(self, flat: torch.Tensor) -> list:
+        """``[P]`` -> one view per parameter, shaped as it."""
+        return [flat[a:b].view(shape) for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+
+    def bind(self, agent: nn.Module, flat: torch.Tensor) -> None:
+        """Make the agent's parameters views of ``flat [P]``: writes to ``flat`` are the module's new weights."""
+        with torch.no_grad():
+            for p, view in zip(agent.parameters(), self.views(flat)):
+                view.copy_(p)
+                p.data = view
+
+    def load_into(self, agent: nn.Module, flat: torch.Tensor) -> nn.Module:
+        """Copy ``flat [P]`` into the agent's parameters; returns the agent."""
+        with torch.no_grad():
+            for p, view in zip(agent.parameters(), self.views(flat)):
+                p.copy_(view)
+        return agent
+
+    def call(self, method: str, flat, *args):
+        """``agent.<method>(*args)`` with the weights ``flat [P]`` (differentiable in ``flat``), or with ``flat`` a
+        list of one tensor per parameter (``views``' order and shapes; differentiable in each)."""
+        views = flat if isinstance(flat, (list, tuple)) else self.views(flat)
+        named = {name: views[i] for name, i in self.slots[method]}
+        return functional_call(self.methods[method], named, args, tie_weights=False)
+
+    @staticmethod
+    def flat_gradient(grads) -> torch.Tensor:
+        """Per-parameter gradients (``views``' order) -> one ``[P]`` tensor: a concatenation. (The gradient taken with
+        respect to the flat vector itself is a sum of one zero-padded slice per parameter, which inductor fuses into
+        one kernel that tests every slice's bounds at every element: 75% of a compiled Walker2d update step.)"""
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    def member_views(self, flat: torch.Tensor) -> list:
+        """``[K, P]`` -> one view per parameter, shaped ``[K, *shape]``."""
+        return [flat[:, a:b].view(flat.shape[0], *shape)
+                for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+
+    def call_members(self, method: str, flat: torch.Tensor, *args, views: list | None = None):
+        """``agent.<method>`` of K members: weights ``flat [K, P]``, every argument ``[K, B, ...]`` (None passes
+        through). An MLP actor-critic runs as batched matmuls (``members_actor_critic``; ``views``: ``flat``'s
+        ``member_views``, if the caller keeps them), other agents under vmap."""
+        if self.batched:
+            return members_actor_critic(self, self.member_views(flat) if views is None else views, method, *args)
+        in_dims = (0, *(None if a is None else 0 for a in args))
+        return vmap(lambda w, *a: self.call(method, w, *a), in_dims=in_dims)(flat, *args)
+
+
+def _members_linear(layout: FlatLayout, views: list, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer`` of K members on ``x [K, B, in]``: one ``baddbmm`` with the members' ``[K, out, in]`` weights."""
+    weight, bias = views[layout.index_of[id(layer.weight)]], views[layout.index_of[id(layer.bias)]]
+    return torch.baddbmm(bias.unsqueeze(1), x, weight.transpose(1, 2))
+
+
+def _members_sequential(layout: FlatLayout, views: list, sequential: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+    for layer in sequential:
+        x = _members_linear(layout, views, layer, x) if isinstance(layer, nn.Linear) else layer(x)
+    return x
+
+
+def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, action=None, noise=None):
+    """``ActorCritic.get_action_and_value`` / ``get_value`` of K members at once (``views``: each parameter
+    ``[K, *shape]``; ``obs [K, B, ...]``): the same ops as the module's, with batched matmuls."""
+    agent = layout.agent
+    x = agent.trunk_input(obs.flatten(2))
+    critic = _members_sequential(layout, views, agent.critic_trunk, x)
+    value = _members_linear(layout, views, agent.value_head, critic).squeeze(-1).float()
+    if method == "get_value":
+        return value
+    actor = critic if agent.shared_trunk else _members_sequential(layout, views, agent.actor_trunk, x)
+    out = _members_linear(layout, views, agent.policy_head, actor)
+    k, b = out.shape[:2]
+    # The action distribution row by row, as the module's (members and rows flattened together; a member's log_std
+    # repeated over its rows; gSDE's per-row log-std and exploration from each member's [L, A] log-std).
+    log_std, exploration = None, None
+    if agent.use_sde:
+        if action is None and noise is None:
+            noise = torch.randn(k, b, agent.noise_width, device=out.device)
+        member_log_std = views[layout.index_of[id(agent.log_std)]]
+        log_std, exploration = gsde_distribution(
+            actor, member_log_std, None if action is not None else noise.reshape(k, b, -1))
+        log_std = log_std.reshape(k * b, -1)
+        exploration = None if exploration is None else exploration.reshape(k * b, -1)
+        noise = None
+    elif not agent.discrete:
+        log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1).expand(k, b, -1).reshape(k * b, -1)
+    action, logp, entropy = action_logp_entropy(
+        out.reshape(k * b, -1), agent.action_spec, log_std,
+        None if action is None else action.reshape(k * b, *action.shape[2:]),
+        None if noise is None else noise.reshape(k * b, -1), exploration)
+    return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
+
+
+class MemberPolicy:
+    """The acting functions of K members over member-major rows ``[K * B, ...]`` (see the module docstring).
+
+    ``get_action_and_value(obs, action=None, noise=None)`` and ``get_value(obs)`` as the agent's, with ``noise``
+    ``[K * B, width]`` drawn by the caller from each member's own generator."""
+
+    def __init__(self, agent: nn.Module, layout: FlatLayout, params: torch.Tensor, autocast):
+        self.agent, self.layout, self.params, self.autocast = agent, layout, params, autocast
+        self.n_members = params.shape[0]
+        # Eagerly, the per-parameter views of ``params`` (written in place by the update) are made once, not per
+        # step (about 30 us of a 3-member CartPole step); a compiled rollout step slices ``params`` in its graph.
+        self._views = layout.member_views(params) if layout.batched and self.n_members > 1 else None
+
+    def _eager_views(self):
+        return None if torch.compiler.is_compiling() else self._views
+
+    def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None):
+        k = self.n_members
+        if k == 1:
+            with self.autocast():
+                return self.agent.get_action_and_value(obs, action, noise)
+        if action is not None:
+            raise ValueError("MemberPolicy evaluates sampled actions only")
+        b = obs.shape[0] // k
+        with self.autocast():
+            action, logp, _, value = self.layout.call_members("get_action_and_value", self.params,
+                                                              obs.view(k, b, *obs.shape[1:]), None,
+                                                              noise.view(k, b, *noise.shape[1:]),
+                                                              views=self._eager_views())
+        return action.reshape(k * b, *action.shape[2:]), logp.reshape(-1), None, value.reshape(-1)
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        k = self.n_members
+        if k == 1:
+            with self.autocast():
+                return self.agent.get_value(obs)
+        b = obs.shape[0] // k
+        with self.autocast():
+            return self.layout.call_members("get_value", self.params, obs.view(k, b, *obs.shape[1:]),
+                                            views=self._eager_views()).reshape(-1)

@@ -1,0 +1,273 @@
+"""Evaluation on separate envs, batched: ``seeds`` x ``episodes`` episodes in one batched env, the policy's mode
+(or samples); and videos of it.
+
+Every evaluation is bounded: an episode still running after ``eval_max_episode_steps`` steps counts its return so
+far, and the whole evaluation stops after ``eval_max_steps`` env steps (every env of the batch counts each step);
+one line says what was cut. A stop signal (``should_stop``) ends it between two steps with ``EvaluationStopped``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastrl.envs.batched import make_env
+
+VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
+PROGRESS_EVERY_S = 5.0  # a labelled evaluation prints a progress line this often
+
+
+class EvaluationStopped(Exception):
+    """A stop signal arrived while an evaluation was running; its episodes are abandoned."""
+
+
+def eval_seed(run_seed: int, k: int = 0, episodes: int = 0) -> int:
+    """The first env seed of evaluation seed group ``k`` (``episodes`` envs each); its env j is seeded
+    ``eval_seed(run_seed, k, episodes) + j``. Disjoint from the training envs' seeds.
+
+    The groups are contiguous so that one batched env of ``seeds * episodes`` envs holds them all: EnvPool seeds env
+    i of a pool with ``seed + i`` and takes no per-env seed list. Group 0 (the videos' seeds) is what it was before
+    evaluation was batched; groups k >= 1 were spaced 10,007 apart then, which one pool cannot reproduce.
+    """
+    return (run_seed * 100_003 + 700_000_000) % (2**31 - 1) + k * episodes
+
+
+def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic: bool) -> torch.Tensor:
+    obs = obs.to(device, non_blocking=True)
+    action = agent.act_deterministic(obs) if deterministic else agent.get_action_and_value(obs)[0]
+    return action.cpu()
+
+
+def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_000,
+                        deterministic: bool = True, max_total_steps: int | None = None, should_stop=None,
+                        label: str | None = None, stats: dict | None = None) -> torch.Tensor:
+    """Step every env of the batched ``env`` together until each has finished its first episode, for at most
+    ``max_steps`` steps (the cap per episode) and ``max_total_steps`` env steps in all (``steps * n_envs``). Returns
+    each env's first-episode return, float64 ``[env.n_envs]``; an episode still running at a cap counts its return
+    so far.
+
+    Per step: one policy forward over the whole batch, one env step, and masked bookkeeping on ``[N]`` CPU tensors
+    (no per-env Python loop). Envs that finished early keep stepping with the rest (auto-reset), their later
+    episodes masked out. ``should_stop()`` true between two steps raises ``EvaluationStopped``. ``label``: print a
+    progress line every ``PROGRESS_EVERY_S`` seconds, and say what a cap cut, under that name (unlabelled, only the
+    cut is said). ``stats``, when given, receives ``steps`` (per env) and ``cut`` (episodes a cap ended).
+    """
+    n_envs = env.n_envs
+    if max_total_steps:
+        max_steps = max(1, min(max_steps, max_total_steps // n_envs))
+    obs = env.reset()
+    finished = torch.zeros(n_envs, dtype=torch.bool)
+    episode_return = torch.zeros(n_envs, dtype=torch.float64)
+    start = next_report = time.perf_counter()
+    next_report += PROGRESS_EVERY_S
+    steps = 0
+    while steps < max_steps:
+        if should_stop is not None and should_stop():
+            raise EvaluationStopped
+        step = env.step(_policy_action(agent, obs, device, deterministic))
+        steps += 1
+        episode_return += step.reward.double() * ~finished
+        finished |= step.done
+        obs = step.observation
+        if bool(finished.all()):
+            break
+        if label and time.perf_counter() >= next_report:
+            next_report += PROGRESS_EVERY_S
+            print(f"fastrl: {label}: {int(finished.sum())}/{n_envs} episodes done after {steps:,} steps "
+                  f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
+    cut = n_envs - int(finished.sum())
+    if cut:
+        print(f"fastrl: {label or 'evaluation'}: cut {cut} of {n_envs} episodes at {steps:,} steps (the cap: "
+              f"eval_max_episode_steps, and eval_max_steps over all envs); their returns so far count",
+              file=sys.stderr, flush=True)
+    if stats is not None:
+        stats.update(steps=steps, cut=cut)
+    return episode_return
+
+
+def _eval_env(cfg, n_envs: int, seed: int, normalizer_state: dict | None):
+    # training=False: frozen normalizer statistics, unscaled rewards, whole unclipped Atari games.
+    env = make_env(cfg, n_envs=n_envs, seed=seed, training=False)
+    if normalizer_state is not None:
+        env.load_state_dict(normalizer_state)
+    return env
+
+
+def _bounds(cfg, max_steps, deterministic, max_total_steps) -> tuple[int, bool, int]:
+    """The caps and the action rule: the arguments given, else the config's ``eval_*`` settings."""
+    return (cfg.eval_max_episode_steps if max_steps is None else max_steps,
+            cfg.eval_deterministic if deterministic is None else deterministic,
+            cfg.eval_max_steps if max_total_steps is None else max_total_steps)
+
+
+def describe(cfg, episodes: int, seeds: int, deterministic: bool | None = None) -> str:
+    """What an evaluation plays, in words: ``10 episodes (5 seeds x 2), deterministic policy, at most ...``."""
+    max_steps, deterministic, max_total_steps = _bounds(cfg, None, deterministic, None)
+    rule = "deterministic policy" if deterministic else "sampled actions"
+    return (f"{seeds * episodes} episodes ({seeds} seed{'s' * (seeds != 1)} x {episodes}), {rule}, at most {max_steps:,} steps each and "
+            f"{max_total_steps:,} in all")
+
+
+@torch.no_grad()
+def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
+             max_steps: int | None = None, deterministic: bool | None = None, max_total_steps: int | None = None,
+             should_stop=None, label: str | None = None, stats: dict | None = None) -> torch.Tensor:
+    """Play ``seeds`` x ``episodes`` episodes at once: one batched env of ``seeds * episodes`` envs, each
+    contributing its first episode. Returns the returns, float64 ``[seeds * episodes]``, seed group by seed group
+    (env ``k * episodes + j`` is seeded ``eval_seed(cfg.seed, k, episodes) + j``).
+
+    ``deterministic``: the policy's mode (argmax / mean); False samples. ``max_steps`` (per episode) and
+    ``max_total_steps`` (all envs together) cap the evaluation; None takes ``cfg.eval_deterministic``,
+    ``cfg.eval_max_episode_steps`` and ``cfg.eval_max_steps``. ``should_stop``, ``label``, ``stats``: see
+    ``play_first_episodes``. ``evaluate_per_seed`` is the plain twin, one seed group after another; for a
+    deterministic policy both give the same returns.
+    """
+    from fastrl.envs.batched import probe_env
+    from fastrl.run.footprint import check_eval_memory
+    max_steps, deterministic, max_total_steps = _bounds(cfg, max_steps, deterministic, max_total_steps)
+    shape, dtype, _ = probe_env(cfg)
+    check_eval_memory(seeds * episodes, shape, dtype, f"an evaluation of {seeds} seeds x {episodes} episodes")
+    env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
+    try:
+        return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label,
+                                   stats)
+    finally:
+        env.close()
+
+
+@torch.no_grad()
+def evaluate_per_seed(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
+                      max_steps: int | None = None, deterministic: bool | None = None) -> torch.Tensor:
+    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another
+    (the per-evaluation cap is not applied)."""
+    max_steps, deterministic, _ = _bounds(cfg, max_steps, deterministic, None)
+    results = []
+    for k in range(seeds):
+        env = _eval_env(cfg, episodes, eval_seed(cfg.seed, k, episodes), normalizer_state)
+        try:
+            results.append(play_first_episodes(agent, env, device, max_steps, deterministic))
+        finally:
+            env.close()
+    return torch.cat(results)
+
+
+def _skip_video(reason: str) -> list:
+    print(f"fastrl: warning: no videos: {reason}", file=sys.stderr)
+    return []
+
+
+def _video_observation(obs, cfg, normalizer_state: dict | None) -> torch.Tensor:
+    """One Gymnasium observation as the batched env hands it to the policy: ``[1, *obs_shape]`` (MiniGrid: the
+    image, channels first; float64 as float32), normalized with the frozen statistics like evaluation's."""
+    if isinstance(obs, dict) and "image" in obs:
+        tensor = torch.from_numpy(np.asarray(obs["image"])).permute(2, 0, 1)
+    else:
+        tensor = torch.from_numpy(np.atleast_1d(obs))  # a Discrete observation: its integer, as [1]
+        tensor = tensor.float() if tensor.dtype == torch.float64 else tensor
+    tensor = tensor.unsqueeze(0)
+    if cfg.normalize_obs and normalizer_state is not None:
+        rms = normalizer_state["obs_rms"]
+        tensor = ((tensor.double() - rms["mean"]) / torch.sqrt(rms["var"] + 1e-8)).clamp_(-cfg.obs_clip, cfg.obs_clip).float()
+    return tensor
+
+
+@torch.no_grad()
+def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: torch.device,
+                  episodes: int | None = None, max_frames: int = 5_000) -> list[Path]:
+    """Record the deterministic policy's first ``episodes`` evaluation episodes of the first eval seed (default
+    ``min(3, eval_episodes)``, or 3) to ``video_dir/episode_<i>.mp4``; returns the files written.
+
+    EnvPool envs do not render, so the frames come from a Gymnasium env of the same id in ``rgb_array`` mode,
+    reset with the seeds evaluation gives its Gymnasium envs (the same episodes as the final evaluation when it ran
+    on Gymnasium). An episode longer than ``max_frames`` steps is cut there. When the env cannot render or
+    imageio is not installed, prints one warning line and returns [] (never fails the run).
+    """
+    try:
+        import imageio
+        import imageio_ffmpeg  # noqa: F401  (imageio's mp4 writer)
+    except ImportError:
+        return _skip_video('imageio and imageio-ffmpeg are not installed; pip install -e ".[video]"')
+    import gymnasium
+    if cfg.env not in gymnasium.registry:
+        return _skip_video(f"{cfg.env} has no Gymnasium env of that id to render it (EnvPool envs do not render)")
+    episodes = episodes or min(VIDEO_EPISODES, cfg.eval_episodes or VIDEO_EPISODES)
+    # Off-screen rendering: no display, and no pygame banner on stdout. The caller's own settings win.
+    saved = {key: os.environ.get(key) for key in ("SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT")}
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
+    env = None
+    try:
+        try:
+            env = gymnasium.make(cfg.env, render_mode="rgb_array")
+        except (gymnasium.error.Error, ImportError, TypeError) as e:
+            return _skip_video(f"Gymnasium could not build {cfg.env} to render it: {str(e).splitlines()[0]}")
+        if "rgb_array" not in env.metadata.get("render_modes", []):
+            return _skip_video(f"{cfg.env} cannot render rgb_array frames")
+        space = env.action_space
+        video_dir = Path(video_dir)
+        fps = env.metadata.get("render_fps") or 30
+        written = []
+        for i in range(episodes):
+            obs, _ = env.reset(seed=eval_seed(cfg.seed, 0) + i)
+            try:
+                frame = env.render()
+            except Exception as e:  # noqa: BLE001  (pygame missing, no GL context for MuJoCo, ...)
+                return _skip_video(f"{cfg.env} cannot render: {type(e).__name__}: {(str(e) or '?').splitlines()[0]}")
+            video_dir.mkdir(parents=True, exist_ok=True)
+            path = video_dir / f"episode_{i}.mp4"
+            writer = imageio.get_writer(path, fps=fps, macro_block_size=2)
+            try:
+                writer.append_data(np.asarray(frame))
+                for _ in range(max_frames):
+                    policy_obs = _video_observation(obs, cfg, normalizer_state).to(device)
+                    action = agent.act_deterministic(policy_obs).cpu()[0]
+                    if isinstance(space, gymnasium.spaces.Discrete):
+                        action = int(action)
+                    else:
+                        action = np.clip(action.numpy(), space.low, space.high).astype(space.dtype)
+                    obs, _, terminated, truncated, _ = env.step(action)
+                    writer.append_data(np.asarray(env.render()))
+                    if terminated or truncated:
+                        break
+            except RuntimeError as e:  # e.g. a Gymnasium twin whose observations differ from the training env's
+                writer.close()
+                path.unlink(missing_ok=True)
+                return _skip_video(f"the policy could not play Gymnasium's {cfg.env}: {str(e).splitlines()[0]}")
+            finally:
+                writer.close()  # idempotent
+            written.append(path)
+        return written
+    finally:
+        if env is not None:
+            env.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
+                        env: str | None = None, policy: str | None = None, **evaluate_kwargs):
+    """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
+    given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy;
+    ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
+    ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
+    from fastrl.run.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
+    from fastrl.distributed.torchrun import resolve_device
+    from fastrl.envs.batched import make_env
+    from fastrl.learn.models import make_agent
+
+    state = select_member(load_checkpoint(target), member, f"checkpoint {target}")
+    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
+    dev = resolve_device(device)
+    probe = make_env(cfg, n_envs=1, training=False)
+    agent = make_agent(cfg, probe.observation_shape, probe.action_spec)
+    probe.close()
+    load_weights(agent, state["model"], f"checkpoint {target}")
+    agent.to(dev).eval()
+    return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

@@ -1,0 +1,643 @@
+"""The PPO / A2C trainer for one agent or a population of K members: a ``[T, K * n_envs]`` rollout, then one update.
+
+It implements the run loop's trainer interface (see ``fastrl.run.loop``). A population (``--n-seeds``, ``--vary``) is
+not another trainer: every tensor of the run state carries a leading member axis K, and a single run is K = 1.
+
+- **Members** (``fastrl.run.population.member_configs``): member m runs with seed ``seed + m`` and its variant's
+  values, and equals the single run of that config (``tests/test_population.py``).
+- **Parameters** ``params [K, P]`` and **optimizer state** (``fastrl.learn.optim``) ``[K, P]`` / ``[K]``: one flat tensor
+  each (``fastrl.learn.stacked``). At K = 1 the agent module's parameters are views of ``params[0]``.
+- **Hyperparameters that vary or follow a schedule** (lr, clip_coef, ent_coef, vf_coef, max_grad_norm) are ``[K]``
+  tensors, refilled in place each iteration, so nothing recompiles; gamma and gae_lambda enter each member's GAE.
+- **Envs**: one batched env of ``K * n_envs`` envs; member m owns envs ``[m * n_envs, (m + 1) * n_envs)``, seeded as
+  its single run's, with its own observation/reward normalizer and episode statistics.
+- **Randomness**: each member's action noise and minibatch shuffles come from its own generators
+  (``fastrl.distributed.seeding``), drawn outside the compiled graphs.
+- **The update** is ``fastrl.learn.update.Update``, one pure function, called directly at K = 1 and through
+  ``torch.func.vmap`` at K > 1, eagerly or compiled (``fastrl.run.compile.compile_plan``: a function of the config and
+  the shapes only), ``steps_per_call`` minibatch steps per call.
+
+Under torchrun (K = 1 only), ``n_envs`` is global and split evenly across ranks (``per_rank`` keeps it per rank).
+The update is the same calls as one process's; only its ``Update`` carries ``fastrl.distributed.torchrun.rank_mean``: each
+minibatch step averages its gradient over the ranks (one all-reduce, inside the compiled call when the update is
+compiled), which equals the gradient of the global minibatch.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import statistics
+from contextlib import contextmanager
+
+import torch
+from torch.func import vmap
+
+from fastrl.distributed import torchrun
+from fastrl.run.allocator import keep_freed_memory
+from fastrl.distributed.async_collect import AsyncCollector, RolloutViews, Timer
+from fastrl.envs.async_env import make_async_env, resolve_env_mode
+from fastrl.envs.buffers import make_rollout_buffer
+from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
+from fastrl.config import Config, UserError
+from fastrl.envs.batched import make_env
+from fastrl.learn.models import make_agent
+from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_dict, optimizer_state_dict
+from fastrl.run.population import member_configs, member_hyperparameters, varied_keys, variant_name
+from fastrl.learn.ppo import compute_advantages, explained_variance
+from fastrl.learn.precision import autocast_factory
+from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
+from fastrl.run.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
+from fastrl.distributed.seeding import env_seed, member_generator, seed_process
+from fastrl.learn.stacked import FlatLayout, MemberPolicy
+from fastrl.learn.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
+                           hand_gradient_applies, initial_opt_state, minibatch_index)
+from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
+
+def rank_n_envs(cfg: Config, world_size: int) -> int:
+    """Envs of each member on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
+    return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
+
+
+WIDE_LAYER = 256
+
+
+def torch_thread_counts(cfg: Config, device: torch.device, n_members: int = 1, flat_observations: bool = True,
+                        widest_layer: int = 0, world_size: int = 1) -> tuple[int, int]:
+    """``(collect, update)``: torch's intra-op threads while collecting and while updating (0: leave torch's own).
+
+    ``torch_threads`` > 0 sets both. Auto (0) on CPU:
+    - collect: 1, but all cores (at most 8) for a population of 4 or more MLP members. Small MLPs gain nothing from
+      intra-op threads, and spinning OpenMP workers collapse throughput when the cores are shared (with EnvPool's
+      threads, or other jobs). CNNs too: on the shared 2-core box a Nature-CNN forward of 8 frames took 5 ms on 1
+      thread, 300 ms on 2. 4 and 16 CartPole members trained 1.2x and 1.25x faster on 2 threads than on 1.
+    - update: all cores (at most 8) for an MLP population, or an MLP with a layer of ``WIDE_LAYER`` units or more
+      (``widest_layer``). No env steps run then, and such matmuls share well (2 cores, 2026-12-03): 3 members'
+      update ran 1.9x (HalfCheetah, 256x256, minibatch 64), 1.7x (Walker2d, Hopper: minibatch 32) and 1.24x (Ant,
+      64x64) faster on 2 threads than on 1, a single Walker2d run's 1.75x; single 64x64 runs (CartPole,
+      LunarLander, ppo/mujoco's HalfCheetah) gained nothing, and Ant's rollout ran 1.5x slower on 2. Under torchrun the ranks
+      share the cores: 1.
+    """
+    if cfg.torch_threads or device.type != "cpu":
+        return cfg.torch_threads, cfg.torch_threads
+    cores = min(os.cpu_count() or 1, 8)
+    collect = cores if n_members >= 4 and flat_observations else 1
+    wide = n_members >= 2 or widest_layer >= WIDE_LAYER
+    update = cores if flat_observations and wide and world_size == 1 else collect
+    return collect, update
+
+
+@contextmanager
+def torch_threads(count: int):
+    """Run the block on ``count`` intra-op threads (0: as it is), then restore the previous count."""
+    previous = torch.get_num_threads()
+    if count and count != previous:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != previous:
+            torch.set_num_threads(previous)
+
+
+class Trainer:
+    """Owns the env, the members' parameters and optimizer state and the ``[T, K * n_envs]`` buffer.
+    ``collect()`` then ``update()`` per iteration."""
+
+    def __init__(self, cfg: Config, dist_info: torchrun.DistInfo | None = None, device: torch.device | None = None,
+                 members: list[Config] | None = None):
+        """``members``: the members' configs when they are not ``cfg``'s grid (``fastrl.cli.tune``'s trials); each differs
+        from ``cfg`` in ``VARY_KEYS`` and its seed only."""
+        self.cfg = cfg
+        self.dist = dist_info or torchrun.DistInfo()
+        self.device = device or torchrun.resolve_device(cfg.device)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.members = list(members) if members else member_configs(cfg)
+        self.varied_keys = varied_keys(cfg, self.members)
+        self.n_members = k = len(self.members)
+        if k > 1 and self.dist.world_size > 1:
+            raise UserError("--n-seeds/--vary run in one process; torchrun is not supported with them: drop torchrun, "
+                            "or train one seed per torchrun job")
+        rank = self.dist.rank
+        seed_process(cfg.seed, rank)
+        if self.device.type == "cpu":  # an eager CPU step's temporaries reused, not mapped afresh (fastrl.run.allocator)
+            keep_freed_memory()
+        self.n_envs = n = rank_n_envs(cfg, self.dist.world_size)  # per member, on this rank
+        self.env_mode = resolve_env_mode(cfg, n)
+        self.env = (make_async_env if self.env_mode == "async" else make_env)(
+            cfg, n_envs=k * n, seed=env_seed(cfg.seed, rank, n), members=self.members)
+        agents = []
+        for member in self.members:  # each member's initial weights are its single run's (the same on every rank)
+            torch.manual_seed(member.seed)
+            agents.append(make_agent(member, self.env.observation_shape, self.env.action_spec, self.env.obs_scale))
+        self.agent = agents[0].to(self.device)  # member 0's weights, live (at K = 1 the module that acts)
+        widest = max((layer.out_features for layer in self.agent.modules() if isinstance(layer, torch.nn.Linear)),
+                     default=0)
+        self.collect_threads, self.update_threads = torch_thread_counts(
+            cfg, self.device, k, len(self.env.observation_shape) == 1, widest, self.dist.world_size)
+        if self.collect_threads:
+            torch.set_num_threads(self.collect_threads)
+        torchrun.broadcast_module_(self.agent)
+        self.layout = FlatLayout(self.agent)
+        self.params = torch.stack([self.layout.flatten(a) for a in [self.agent, *agents[1:]]]).to(self.device)
+        self.layout.bind(self.agent, self.params[0])
+        self.autocast = autocast_factory(self.device, cfg.amp)
+        self.spec = UpdateSpec.of(cfg)
+        if self.spec.algo == "ppo" and any(m.target_kl for m in self.members):  # per member, in hparams
+            self.spec = dataclasses.replace(self.spec, target_kl=max(float(m.target_kl) for m in self.members))
+        self.opt_state = initial_opt_state(self.spec, self.params)
+        self.hparams = {key: torch.zeros(k, dtype=torch.float64 if key == "lr" else torch.float32, device=self.device)
+                        for key in (*HPARAM_KEYS, "target_kl", "gamma", "gae_lambda")}
+        self.lr_scales = [1.0] * k
+        world = self.dist.world_size
+        self.steps_per_iteration = k * n * cfg.n_steps * world  # env steps, all members and ranks
+        self.n_iterations = max(1, cfg.total_steps // (n * cfg.n_steps * world))  # total_steps: per member
+        self.total_steps = self.n_iterations * self.steps_per_iteration
+        self.buffer = make_rollout_buffer(cfg.n_steps, k * n, self.env.observation_shape, self.env.observation_dtype,
+                                          self.env.action_spec, self.device)
+        self.action_generators = [member_generator(m.seed, "action", rank) for m in self.members]
+        self.minibatch_generators = [member_generator(m.seed, "minibatch", rank, self.device) for m in self.members]
+        width, self._draw = sampling_noise(self.env.action_spec)
+        self.use_sde = bool(getattr(self.agent, "use_sde", False))
+        if self.use_sde:  # gSDE: each env's exploration weights [L * A], held for sde_sample_freq steps
+            width = self.agent.noise_width
+        self.noise = torch.zeros(k * n, width)
+        self._steps_since_rollout_start = 0
+        self.policy = MemberPolicy(self.agent, self.layout, self.params, self.autocast)
+        self.iteration = 0
+        self._updates_here = 0  # iterations this object ran (see _warm_compiled)
+        self.global_step = 0
+        self.timer = Timer()
+        self._member_metrics: dict = {}
+        self._plan_compiles()
+        self.next_obs = self.env.reset()
+        v = RolloutViews.of(self.buffer)
+        self._views = v
+        self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
+
+    @property
+    def lr_scale(self) -> float:
+        """The first member's LR scale (lowered by its rollbacks): the run's, at K = 1."""
+        return self.lr_scales[0]
+
+    # ------------------------------------------------------------------ compiling
+    def _plan_compiles(self) -> None:
+        """Decide, from the config and the shapes alone, what runs compiled (``self.plan``), and build the rollout
+        forward, the rollout step and the update calls accordingly."""
+        cfg, k = self.cfg, self.n_members
+        # One pure function is the whole iteration where the env steps as one (env_backend torch): fastrl.iteration.
+        whole = (self.env_mode == "sync" and has_pure_step(self.env) and cfg.algo in ("ppo", "a2c")
+                 and not self.use_sde)
+        gradient_steps = self.n_iterations * self.spec.n_steps
+        self.plan = compile_plan(cfg.compile, self.device, gradient_steps, self.n_iterations * cfg.n_steps,
+                                 self.n_iterations if whole else 0, self.spec.n_epochs, self.spec.n_minibatches,
+                                 members=k,
+                                 hand_gradient=k > 1 and hand_gradient_applies(self.spec, self.layout, self.autocast))
+        self.iteration_call = None
+        # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
+        # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
+        # compiling it to save 2 s of forwards (2026-12-04).
+        rollout_mode = self.rollout_mode = self.plan.rollout
+        policy = self.policy
+        self.policy_step = CompiledOrEager(policy.get_action_and_value,
+                                           rollout_mode if self.device.type == "cuda" or k > 1 else "off",
+                                           "the rollout policy forward")
+        # Once per rollout: on CPU the eager forward costs less than compiling it (but not a vmapped one).
+        self.bootstrap_value = CompiledOrEager(policy.get_value, rollout_mode if self.device.type == "cuda" or k > 1
+                                               else "off", "the bootstrap value forward")
+        if whole:
+            return self._plan_iteration()
+        self.rollout_step = None
+        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
+            self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), rollout_mode,
+                                                    self.draw_noise)
+        update_mode, per_call = self.plan.update, self.plan.steps_per_call
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent,
+                                        torchrun.rank_mean() if self.dist.enabled else None)
+        self.steps_per_call = per_call
+        spec = self.spec
+        self._epoch_ends = {first: epoch_end_mask(first, min(per_call, spec.n_steps - first), spec.n_minibatches,
+                                                  self.device) for first in range(0, spec.n_steps, per_call)}
+        self.update_call = CompiledOrEager(self._update_chunk, update_mode, f"the {cfg.algo} update", fullgraph=True)
+        # CUDA graphs (reduce-overhead) replay fixed addresses: the state the update writes in place is marked static.
+        if update_mode == "reduce-overhead" and self.device.type == "cuda":
+            for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
+                torch._dynamo.mark_static_address(tensor)
+
+    def _plan_iteration(self) -> None:
+        """The run's ``fastrl.run.iteration.Iteration``, compiled whole (``self.plan``'s mode) or eager."""
+        mode = self.rollout_mode = self.plan.update
+        self.rollout_step = None
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, self.n_members, True, self.agent,
+                                        torchrun.rank_mean() if self.dist.enabled else None)
+        self.steps_per_call = self.spec.n_steps
+        loops, scans = (Iteration(self.layout, getattr(self.env, "env", self.env).pure_step, self.update_fn,
+                                  self.cfg.n_steps, self.spec.n_minibatches, self.autocast, scan=scan)
+                        for scan in (False, True))
+        self.iteration_call = CompiledOrEager(scans if mode != "off" else loops, mode, "the training iteration",
+                                              fullgraph=True, eager=loops)
+        self.update_call = self.iteration_call  # what tests and summaries ask about: compiled or not
+        if mode == "reduce-overhead" and self.device.type == "cuda":
+            for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
+                torch._dynamo.mark_static_address(tensor)
+
+    def _iterate(self) -> None:
+        """One whole iteration (``fastrl.run.iteration``): draw its random numbers, call it, and write its new state
+        back into the run's tensors, its rollout into ``buffer`` and its finished episodes into the env's stats."""
+        self._set_hyperparameters()
+        k, n, t = self.n_members, self.n_envs, self.cfg.n_steps
+        env = getattr(self.env, "env", self.env)
+        live = dict(zip(STATE_KEYS, (self.next_obs, *env.tensor_state, env.stats.running_return,
+                                     env.stats.running_length)))
+        device = self.device
+        state = {"params": self.params, "opt_state": self.opt_state,
+                 **{key: value.to(device).view(k, n, *value.shape[1:]) for key, value in live.items()}}
+        width = self.noise.shape[1]
+        draws = {"action_noise": torch.stack([self._draw(t, n, width, generator=g) for g in self.action_generators]),
+                 "reset_uniform": torch.stack([torch.rand(t, n, env.spec.reset_draws, dtype=torch.float64, generator=g)
+                                               for g in env.member_generators])}
+        if self.cfg.algo != "a2c":
+            spec = self.spec
+            draws["minibatch_index"] = torch.stack([minibatch_index(t * n, spec.n_epochs, spec.n_minibatches, g, device)
+                                                    for g in self.minibatch_generators])
+        draws = {key: value.to(device, non_blocking=True) for key, value in draws.items()}
+        new_state, metrics = self.iteration_call(state, self.hparams, draws)
+        self.params.copy_(new_state["params"])
+        for key, value in new_state["opt_state"].items():
+            self.opt_state[key].copy_(value)
+        for key, value in live.items():
+            value.copy_(new_state[key].reshape(value.shape))
+        rollout = {key: value.transpose(0, 1).reshape(t, k * n, *value.shape[3:]).cpu()
+                   for key, value in metrics.pop("rollout").items()}
+        self.next_obs = live["observation"]
+        record_finished(env.stats, rollout["done"], rollout["finished_return"], rollout["finished_length"])
+        buffer = self.buffer
+        for key in ("observation", "action", "sample_log_prob", "state_value", "valid", "advantage", "value_target"):
+            buffer[key].copy_(rollout[key])
+        for key in ("reward", "done", "terminated", "truncated"):
+            buffer["next", key].copy_(rollout[key])
+        buffer["next", "state_value"].copy_(rollout["next_value"])
+        self._iteration_metrics = metrics
+        self.global_step += self.steps_per_iteration
+
+    def _warm_compiled(self) -> bool:
+        """From this trainer's own second iteration on, every compiled function has compiled for the inputs it sees:
+        the hot loops skip guard evaluation (``fastrl.run.compile.skip_guards``). Counted here, not from ``iteration``,
+        which a resume restores: a trainer built on a saved state (``fastrl tune``'s next, smaller segment in the
+        same process) must first compile for its own shapes, which under skipped guards would fail to eager."""
+        return self._updates_here >= 1 and (self.rollout_mode != "off" or self.plan.update != "off")
+
+    # ------------------------------------------------------------------ hot path
+    def finished(self) -> bool:
+        return self.iteration >= self.n_iterations
+
+    def draw_noise(self, rows: int | None = None) -> torch.Tensor:
+        """Sampling noise for ``rows`` rows of each member (default ``n_envs``): ``[K * rows, width]``, member m's rows
+        from member m's generator (at K = 1: one draw). gSDE (``use_sde``): the rollout's exploration weights, drawn
+        afresh on its first step and then every ``sde_sample_freq`` steps (-1: never), the same tensor otherwise."""
+        rows = self.n_envs if rows is None else rows
+        if self.use_sde:
+            age, freq = self._steps_since_rollout_start, self.cfg.sde_sample_freq
+            self._steps_since_rollout_start += 1
+            if age > 0 and not (freq > 0 and age % freq == 0):
+                return self.noise
+        noise = self.noise[:rows * self.n_members] if rows != self.n_envs else self.noise
+        for m, generator in enumerate(self.action_generators):
+            self._draw(rows, noise.shape[1], generator=generator, out=noise[m * rows:(m + 1) * rows])
+        return noise
+
+    def act(self, obs: torch.Tensor) -> tuple:
+        """The rollout forward on ``obs [K * rows, ...]`` (member-major): ``(action, logp, entropy, value)``."""
+        noise = self.draw_noise(obs.shape[0] // self.n_members)
+        return self.policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True))
+
+    def collect(self) -> bool:
+        """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item().
+        Where the iteration is one function (``iteration_call``), the whole iteration, update included."""
+        if self.iteration_call is not None:
+            with self.timer.section("iteration"), skip_guards(self._warm_compiled()), \
+                    torch_threads(self.update_threads):
+                self._iterate()
+            return True
+        with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
+            self._collect()
+        return True
+
+    def _collect(self) -> None:
+        self._steps_since_rollout_start = 0  # gSDE draws new exploration weights on each rollout's first step
+        if self.async_collector is not None:
+            return self.async_collector.collect()
+        rollout_step, env, n_steps, v = self.rollout_step, self.env, self.cfg.n_steps, self._views
+        obs = self.next_obs
+        # CPU, compiled: CompiledRolloutStep (forward, sampling and writes in one graph); else the eager forward.
+        act = rollout_step if rollout_step is not None else self._act_eager
+        for t in range(n_steps):
+            with self.timer.section("policy"):
+                action = act(obs, t)
+            with self.timer.section("env"):
+                step = env.step(action)
+            v.write_env(t, step)
+            obs = step.observation
+        self._finish_rollout(obs)
+
+    def _act_eager(self, obs: torch.Tensor, t: int) -> torch.Tensor:
+        """The policy forward (compiled on CUDA and for K > 1) and row ``t``'s writes; the action on the CPU."""
+        action, logp, _, value = self.act(obs)
+        self._views.write_policy(t, obs, action, logp, value)
+        return action.cpu()
+
+    def _finish_rollout(self, obs: torch.Tensor) -> None:
+        v = self._views
+        with self.timer.section("policy"):
+            # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
+            v.next_value[:-1].copy_(v.state_value[1:])
+            v.next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True)))
+        self.next_obs = obs
+        self.global_step += self.steps_per_iteration
+
+    # ------------------------------------------------------------------ the update
+    def _member_major(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``[T, K * n, ...]`` -> ``[K, T * n, ...]``: member m's rollout, flattened time-major as its single run's."""
+        t, k, n = tensor.shape[0], self.n_members, self.n_envs
+        rest = tensor.shape[2:]
+        return tensor.reshape(t, k, n, *rest).transpose(0, 1).reshape(k, t * n, *rest)
+
+    def _set_hyperparameters(self) -> None:
+        progress = self.iteration / self.n_iterations
+        values = {"lr": [annealed_lr(m, progress, s) for m, s in zip(self.members, self.lr_scales)],
+                  "clip_coef": [annealed_clip_coef(m, progress) for m in self.members],
+                  "ent_coef": [m.ent_coef for m in self.members], "vf_coef": [m.vf_coef for m in self.members],
+                  "max_grad_norm": [m.max_grad_norm for m in self.members],
+                  "target_kl": [m.target_kl if self.spec.target_kl else 0.0 for m in self.members],
+                  "gamma": [m.gamma for m in self.members], "gae_lambda": [m.gae_lambda for m in self.members]}
+        for key, tensor in self.hparams.items():
+            tensor.copy_(torch.tensor(values[key], dtype=tensor.dtype))
+
+    def _update_chunk(self, params, opt_state, batch, index, hparams, active, epoch_ends):
+        """Some minibatch steps of every member (``index [K, count, mb]``; None for A2C), written back in place:
+        ``(sums, active)``, each ``[K]``. ``epoch_ends [count]``: see ``Update.steps``."""
+        update = self.update_fn
+
+        def one_member(p, s, b, i, h, a):
+            return update.steps(p, s, b, i, h, a, epoch_ends)
+        if self.n_members == 1:
+            squeeze = lambda tree: {k: v[0] for k, v in tree.items()} if isinstance(tree, dict) else (  # noqa: E731
+                tuple(x[0] for x in tree) if isinstance(tree, tuple) else (None if tree is None else tree[0]))
+            new_params, new_state, sums, active = one_member(params[0], squeeze(opt_state), squeeze(batch),
+                                                             squeeze(index), squeeze(hparams), active[0])
+            new_params, sums, active = new_params[None], {k: v[None] for k, v in sums.items()}, active[None]
+            new_state = {k: v[None] for k, v in new_state.items()}
+        elif not self.update_call.compiled:  # K members eagerly: the update broadcasts over the member axis itself
+            new_params, new_state, sums, active = one_member(params, opt_state, batch, index, hparams, active)
+        else:
+            in_dims = (0, 0, 0, None if index is None else 0, 0, 0)
+            new_params, new_state, sums, active = vmap(one_member, in_dims=in_dims)(params, opt_state, batch, index,
+                                                                                     hparams, active)
+        params.copy_(new_params)
+        for key, value in new_state.items():
+            opt_state[key].copy_(value)
+        return sums, active
+
+    def update(self) -> dict:
+        """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
+        ``member_rows`` has each member's)."""
+        cfg = self.cfg
+        if self.iteration_call is not None:  # collect() ran the whole iteration
+            metrics = self._iteration_metrics
+            per_member = {f"losses/{key}": value for key, value in metrics.items() if key != "explained_variance"}
+            per_member["losses/explained_variance"] = metrics["explained_variance"]
+            return self._finish_update(per_member)
+        self._set_hyperparameters()
+        with self.timer.section("update"), skip_guards(self._warm_compiled()), torch_threads(self.update_threads):
+            batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
+            self._advantages(batch)
+            inputs = tuple(self._member_major(batch[key]) for key in LOSS_KEYS)
+            size = inputs[0].shape[1]
+            spec = self.spec
+            index = None
+            if cfg.algo != "a2c":
+                index = torch.stack([minibatch_index(size, spec.n_epochs, spec.n_minibatches, g, self.device)
+                                     for g in self.minibatch_generators])
+            sums = self.minibatch_steps(inputs, index)
+            per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
+            valid = self._member_major(batch["valid"]).float()
+            per_member["losses/explained_variance"] = explained_variance(
+                self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid, dim=-1)
+        return self._finish_update(per_member)
+
+    def _finish_update(self, per_member: dict) -> dict:
+        per_member["charts/learning_rate"] = self.hparams["lr"].float()
+        if any(m.anneal_clip for m in self.members):
+            per_member["charts/clip_coef"] = self.hparams["clip_coef"].clone()
+        self._member_metrics = per_member
+        self.iteration += 1
+        self._updates_here += 1
+        metrics = {key: value.float().mean() for key, value in per_member.items()}
+        metrics["losses/nonfinite_updates"] = per_member["losses/nonfinite_updates"].sum()
+        return metrics
+
+    def minibatch_steps(self, inputs: tuple, index) -> dict:
+        """Every minibatch step of one update, ``steps_per_call`` per ``update_call``, on the members' loss inputs
+        (``LOSS_KEYS``, each ``[K, B, ...]``) and their rows ``index [K, n_epochs * n_minibatches, mb]`` (None: A2C's
+        one step on the whole batch); ``params`` and ``opt_state`` are updated in place. Returns the summed step
+        statistics (``Update.steps``), each ``[K]``."""
+        spec = self.spec
+        active = torch.ones(self.n_members, dtype=torch.bool, device=self.device)
+        parts = []
+        for first in range(0, spec.n_steps, self.steps_per_call):
+            count = min(self.steps_per_call, spec.n_steps - first)
+            chunk = None if index is None else index[:, first:first + count]
+            part, active = self.update_call(self.params, self.opt_state, inputs, chunk, self.hparams, active,
+                                            self._epoch_ends[first])
+            parts.append(part)
+        # The calls' statistics summed once (an eager update makes a call per step)
+        return parts[0] if len(parts) == 1 else {key: torch.stack([part[key] for part in parts]).sum(0)
+                                                 for key in parts[0]}
+
+    def _advantages(self, batch) -> None:
+        """GAE per member (one call when every member shares gamma and gae_lambda)."""
+        if len({(m.gamma, m.gae_lambda) for m in self.members}) == 1:
+            compute_advantages(batch, self.members[0].gamma, self.members[0].gae_lambda)
+            return
+        n = self.n_envs
+        for m, member in enumerate(self.members):
+            compute_advantages(batch[:, m * n:(m + 1) * n], member.gamma, member.gae_lambda)
+
+    # ------------------------------------------------------------------ per member
+    def member_agent(self, m: int) -> torch.nn.Module:
+        """An ``nn.Module`` with member m's current weights (at K > 1 one shared scratch module: use it before the
+        next call)."""
+        if m == 0:
+            return self.agent
+        if not hasattr(self, "_scratch_agent"):
+            self._scratch_agent = copy.deepcopy(self.agent)
+        return self.layout.load_into(self._scratch_agent, self.params[m])
+
+    def weights_finite(self) -> bool:
+        """Whether every member's weights are finite (no checkpoint is written from NaN/Inf weights)."""
+        return bool(torch.isfinite(self.params).all())
+
+    def member_stats(self, m: int):
+        stats = self.env.stats
+        return stats.members[m] if hasattr(stats, "members") else stats
+
+    def member_episode_summary(self, m: int) -> dict:
+        """Member m's last-100-episode figures."""
+        returns, lengths = self.member_stats(m).recent()
+        out = {"episodes": self.member_stats(m).count, "episode_window_full": returns.numel() == self.member_stats(m).window}
+        if returns.numel():
+            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item(),
+                       episode_return_last=self.member_stats(m).recent(1)[0].item())
+        return out
+
+    def episode_summary(self) -> dict:
+        """Recent-episode statistics: for K > 1 the means over members, with ``episode_return_min`` (the loop's
+        ``stop_at_return`` waits for every member); under torchrun all-reduced so rank 0 reports global figures.
+
+        Under torchrun each rank contributes its last ``window / world_size`` episodes, so the figure covers the
+        last ``window`` (100) episodes of the whole job, as in one process, not a window W times as long.
+        """
+        if self.n_members > 1:
+            per = [self.member_episode_summary(m) for m in range(self.n_members)]
+            means = [s["episode_return_mean"] for s in per if "episode_return_mean" in s]
+            out = {"episodes": sum(s["episodes"] for s in per),
+                   "episode_window_full": all(s["episode_window_full"] for s in per)}
+            if len(means) == self.n_members:
+                out["episode_return_mean"] = statistics.fmean(means)
+                out["episode_return_min"] = min(means)
+                out["episode_length_mean"] = statistics.fmean(s["episode_length_mean"] for s in per)
+            return out
+        stats = self.env.stats
+        per_rank = max(1, stats.window // self.dist.world_size)
+        returns, lengths = stats.recent(per_rank)
+        full = float(returns.numel() == per_rank)
+        sums = torch.tensor([returns.sum().item(), float(returns.numel()), lengths.double().sum().item(), full,
+                             float(stats.count)], dtype=torch.float64)
+        if self.dist.enabled:
+            sums = sums.to(self.device) if self.device.type == "cuda" else sums
+            torchrun.all_reduce_(sums)
+            sums = sums.cpu()
+        total, count, length_total, full_ranks, episodes = sums.tolist()
+        if count == 0:
+            return {}
+        # The last episode's own return is this rank's (rank 0 logs it), not a reduction over ranks.
+        last = stats.recent(1)[0]
+        return {"episode_return_mean": total / count, "episode_length_mean": length_total / count,
+                "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes),
+                **({"episode_return_last": last.item()} if last.numel() else {})}
+
+    def member_rows(self) -> list[dict]:
+        """One metrics row per member (``member``, ``seed``, ``variant``, what ``--vary`` set, its episode figures and
+        losses); empty for a single run, whose run row is its member's."""
+        if self.n_members == 1:
+            return []
+        from fastrl.run.loop import episode_metrics  # the loop's names
+        rows = []
+        for m, member in enumerate(self.members):
+            hyper = member_hyperparameters(member, self.cfg, self.varied_keys)
+            row = {"member": m, "seed": member.seed, "member_step": self.global_step // self.n_members,
+                   "variant": variant_name(hyper), **hyper, **episode_metrics(self.member_episode_summary(m))}
+            row.update({key: value[m].item() for key, value in self._member_metrics.items()})
+            rows.append(row)
+        return rows
+
+    def member_info(self, m: int) -> dict:
+        member = self.members[m]
+        return {"member": m, "seed": member.seed,
+                "hyperparameters": member_hyperparameters(member, self.cfg, self.varied_keys)}
+
+    # ------------------------------------------------------------------ state
+    def member_state(self, m: int) -> dict:
+        """Member m's checkpoint: weights, optimizer (torch.optim's format), counters, config, normalizer, episode
+        statistics, RNG states and the env's spaces. A single run's checkpoint is its one member's."""
+        member = self.members[m]
+        constants = dict(self.spec.constants)
+        state = {key: value[m] for key, value in self.opt_state.items()}
+        optimizer = optimizer_state_dict(self.spec.optimizer, constants, state, self.layout.numels, self.layout.shapes,
+                                         float(self.hparams["lr"][m]))
+        rng = rng_state(self.minibatch_generators[m])
+        rng["action"] = self.action_generators[m].get_state()
+        out = {"model": copy.deepcopy(self.member_agent(m).state_dict()), "optimizer": optimizer,
+               "global_step": self.global_step // self.n_members, "iteration": self.iteration,
+               "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.normalizer_state(m),
+               "episode_stats": self.member_stats(m).state_dict(), "rng": rng, "spaces": env_spaces(member)}
+        if "loss_scale" in self.opt_state:
+            out["loss_scale"] = {"loss_scale": self.opt_state["loss_scale"][m].clone(),
+                                 "good_steps": self.opt_state["good_steps"][m].clone()}
+        return out
+
+    def state_dict(self) -> dict:
+        if self.n_members == 1:
+            return self.member_state(0)
+        return {"config": self.cfg.to_dict(), "global_step": self.global_step, "iteration": self.iteration,
+                "members": [self.member_state(m) for m in range(self.n_members)]}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved_members = state.get("members", [state])
+        if len(saved_members) != self.n_members:
+            raise UserError(f"the checkpoint holds {len(saved_members)} member(s), this run {self.n_members}: resume "
+                            "with the checkpoint's own --n-seeds/--vary")
+        for m, saved in enumerate(saved_members):
+            self._load_member(m, saved)
+        self.global_step = int(state["global_step"]) * (1 if "members" in state else self.n_members)
+        self.iteration = int(state["iteration"])
+
+    def _load_member(self, m: int, saved: dict) -> None:
+        agent = self.member_agent(m)
+        agent.load_state_dict(saved["model"])
+        self.params[m].copy_(self.layout.flatten(agent).to(self.device))
+        state = {key: value[m] for key, value in self.opt_state.items()}
+        load_optimizer_state_dict(self.spec.optimizer, saved["optimizer"], state, self.layout.numels)
+        if "loss_scale" in saved and "loss_scale" in self.opt_state:
+            for key, value in saved["loss_scale"].items():
+                self.opt_state[key][m].copy_(value)
+        self.lr_scales[m] = float(saved.get("lr_scale", 1.0))
+        self.load_normalizer_state(m, saved["normalizer"])
+        self.member_stats(m).load_state_dict(saved["episode_stats"])
+        rng = saved["rng"]
+        if m == 0:
+            load_rng_state(rng, self.minibatch_generators[0])
+        else:
+            self.minibatch_generators[m].set_state(rng["sample"])
+        if "action" in rng:
+            self.action_generators[m].set_state(rng["action"])
+
+    def weights_state(self, m: int = 0) -> dict:
+        """What member m's rollback restores: its parameters, optimizer state and normalizer statistics."""
+        return {"params": self.params[m].clone(), "opt_state": {k: v[m].clone() for k, v in self.opt_state.items()},
+                "normalizer": self.normalizer_state(m)}
+
+    def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
+        """Return member m to ``state`` (see weights_state), scale its LR and restart its episode-return window."""
+        self.params[m].copy_(state["params"])
+        for key, value in state["opt_state"].items():
+            self.opt_state[key][m].copy_(value)
+        self.load_normalizer_state(m, state["normalizer"])
+        self.lr_scales[m] *= lr_factor
+        self.member_stats(m).restart_window()
+
+    def log_extras(self) -> dict:
+        """Per-log-interval diagnostics: seconds in each named section since the last log."""
+        return self.timer.pop()
+
+    def normalizer_state(self, m: int = 0) -> dict:
+        """Member m's observation/reward normalizer statistics (for its evaluation envs)."""
+        return self.env.state_dict(m) if self.n_members > 1 else self.env.state_dict()
+
+    def load_normalizer_state(self, m: int, state: dict) -> None:
+        if self.n_members > 1:
+            self.env.load_state_dict(state, m)
+        else:
+            self.env.load_state_dict(state)
+
+    def summary_extras(self) -> dict:
+        out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
+        out["compiled"]["rollout"] = self.rollout_mode
+        out["compiled"]["step_path"] = self.update_fn.path
+        if self.n_members > 1:
+            out.update(n_envs_per_member=self.n_envs, n_members=self.n_members)
+        return out
+
+    def close(self) -> None:
+        self.env.close()
