@@ -155,7 +155,7 @@ class Config:
     env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "
                                "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
                                "even n_envs); auto (async for image observations, where it measured faster; see "
-                               "fastrl/async_env.py)",
+                               "fastrl/envs/async_env.py)",
                        ("sync", "async", "auto"))
     normalize_obs: bool = _f(False, "running mean/std observation normalization")
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")

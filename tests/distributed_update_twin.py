@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from fastrl.distributed import distributed
+from fastrl.distributed import torchrun
 from fastrl.config import make_config
 from fastrl.run.trainer import Trainer
 from fastrl.learn.update import LOSS_KEYS, minibatch_index
@@ -56,7 +56,7 @@ def one_update(trainer: Trainer, inputs: tuple, index: torch.Tensor) -> dict:
 
 
 def main(compile_mode: str, out_dir: str) -> None:
-    info, device = distributed.setup("cpu")
+    info, device = torchrun.setup("cpu")
     assert info.world_size == 2
     cfg = make_config({**CONFIG, "compile": compile_mode})
     ranks = Trainer(cfg, info, device)
@@ -65,11 +65,11 @@ def main(compile_mode: str, out_dir: str) -> None:
     mine = slice(info.rank * ROWS, (info.rank + 1) * ROWS)
     result = {"torchrun": one_update(ranks, tuple(x[:, mine] for x in inputs), indices[info.rank])}
     ranks.close()
-    single = Trainer(make_config({**CONFIG, "compile": "off"}), distributed.DistInfo(), device)
+    single = Trainer(make_config({**CONFIG, "compile": "off"}), torchrun.DistInfo(), device)
     result["single"] = one_update(single, inputs, torch.cat([indices[0], indices[1] + ROWS], dim=-1))
     single.close()
     torch.save(result, f"{out_dir}/rank{info.rank}.pt")
-    distributed.cleanup(finished=True)
+    torchrun.cleanup(finished=True)
 
 
 if __name__ == "__main__":

@@ -55,8 +55,9 @@ def random_policy_return(episodes: int = 200) -> float:
 
 # --------------------------------------------------------------------------- the name fastrl.train
 def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_module(tmp_path):
-    """``fastrl.train`` and ``fastrl.evaluate`` are the API's functions before and after ``import fastrl.run.session`` /
-    ``import fastrl.run.evaluate`` (modules of those names); ``from fastrl.train import main`` still reaches the command."""
+    """``fastrl.train`` is the API's function before and after ``import fastrl.train`` (the command's module of that
+    name), as ``fastrl.evaluate`` is after ``import fastrl.run.evaluate``; ``from fastrl.train import main`` still
+    reaches the command."""
     check = """
         import sys
         import fastrl
@@ -71,7 +72,7 @@ def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_m
             raise AssertionError("no UserError")
 
         {body}
-        import fastrl.api, fastrl.evaluate
+        import fastrl.api, fastrl.run.evaluate
         assert fastrl.train is fastrl.api.train and fastrl.evaluate is fastrl.api.evaluate, (fastrl.train, fastrl.evaluate)
         assert sys.modules["fastrl.train"].main is main and callable(main)
         assert len(set(messages)) == 1 and "NoSuchEnv-v0" in messages[0] and "\\n" not in messages[0], messages
@@ -79,12 +80,12 @@ def test_import_is_light_and_fastrl_train_is_the_function_before_and_after_its_m
     """
     function_first = """
         messages = [refusal(fastrl.train)]
-        import fastrl.run.session
+        import fastrl.train
         from fastrl.train import main
         messages += [refusal(fastrl.train)]
     """
     module_first = """
-        import fastrl.run.session
+        import fastrl.train
         from fastrl.train import main
         from fastrl import train
         messages = [refusal(fastrl.train), refusal(train)]
@@ -207,7 +208,7 @@ def test_impala_from_a_script_without_a_main_guard_is_one_line(tmp_path):
 
 
 def test_env_names_and_the_factory_registry():
-    from fastrl.envs import envs
+    from fastrl.envs import registry as envs
     assert envs.env_name("CartPole-v1") == "CartPole-v1"
     assert envs.env_name(MatchTarget) == "fastrl_match_env:MatchTarget"
     assert envs.env_name(make_match_target) == "fastrl_match_env:make_match_target"
@@ -224,9 +225,9 @@ def test_env_names_and_the_factory_registry():
 def test_an_id_registered_after_the_first_lookup_is_found():
     import gymnasium
 
-    from fastrl.envs import batched as envs
-    from fastrl.run import preflight
     from fastrl.config import make_config
+    from fastrl.envs import registry as envs
+    from fastrl.run import preflight
     assert envs.resolve_backend("CartPole-v1") == "envpool"  # a first lookup
     with pytest.raises(UserError):
         envs.resolve_backend("FastrlLate-v0")
@@ -243,9 +244,9 @@ def test_env_probe_follows_a_redefined_factory():
     """The preflight probe is cached per env name; a name given to another object is probed afresh."""
     import gymnasium
 
-    from fastrl.envs import batched as envs
-    from fastrl.run import preflight
     from fastrl.config import make_config
+    from fastrl.envs import registry as envs
+    from fastrl.run import preflight
 
     class Wider(MatchTarget):
         observation_space = gymnasium.spaces.Box(0.0, 1.0, (N_TARGETS + 3,), np.float32)

@@ -54,7 +54,7 @@ def test_a_type_error_inside_a_callback_stays_its_own(tmp_path):
 
 def test_eval_callback_takes_sb3s_names(tmp_path, monkeypatch):
     """``eval_freq`` counts vectorized steps as SB3 does: 32 x 2 envs = every 64 env steps (at 64 of 32, 64, 96)."""
-    evaluation = importlib.import_module("fastrl.evaluate")
+    evaluation = importlib.import_module("fastrl.run.evaluate")
     asked, evaluate = [], evaluation.evaluate
     monkeypatch.setattr(evaluation, "evaluate", lambda *args, **kwargs: asked.append(kwargs["deterministic"])
                         or evaluate(*args, **kwargs))

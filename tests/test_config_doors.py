@@ -24,7 +24,7 @@ class _Built(Exception):
 def _through_train(monkeypatch, **kwargs) -> Config:
     def stop(cfg, *_args, **_kwargs):
         raise _Built(cfg)
-    monkeypatch.setattr(importlib.import_module("fastrl.train"), "run", stop)
+    monkeypatch.setattr(importlib.import_module("fastrl.run.session"), "run", stop)
     with pytest.raises(_Built) as built:
         fastrl.train(**kwargs)
     return built.value.args[0]

@@ -298,7 +298,7 @@ def test_envpool_loads_without_importing_jax():
     import importlib.util
     import subprocess
     import sys
-    code = ("import sys; from fastrl.envs import envpool_ids; assert 'CartPole-v1' in envpool_ids(); "
+    code = ("import sys; from fastrl.envs.registry import envpool_ids; assert 'CartPole-v1' in envpool_ids(); "
             "print('jax' in sys.modules); import importlib.util; "
             "print(importlib.util.find_spec('jax') is None or __import__('jax') is not None)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""Batched evaluation (``fastrl.evaluate``): exact agreement with its per-seed twin and with plain one-env episodes,
+"""Batched evaluation (``fastrl.run.evaluate``): exact agreement with its per-seed twin and with plain one-env episodes,
 first episodes only, truncation at ``max_steps``. Exact checks: a fixed policy, no learning."""
 import pytest
 import torch

@@ -179,7 +179,7 @@ def test_env_exception_keeps_the_run(tmp_path, n_envs):
     lines = _fastrl_lines(done.stderr)
     assert len(lines) == 1 and lines[0].startswith("fastrl: error: env 'fastrl_fault_envs:FailingEnv' raised "
                                                    "RuntimeError in step(): the simulator lost its connection"), lines
-    assert 'fastrl_fault_envs.py", line' in done.stderr and "fastrl/loop.py" not in done.stderr, done.stderr
+    assert 'fastrl_fault_envs.py", line' in done.stderr and "fastrl/run/loop.py" not in done.stderr, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert "the simulator lost its connection" in summary["stopped_by_error"]
     assert summary["total_steps"] > 0 and summary["eval_return_mean"] is None
@@ -390,7 +390,7 @@ def test_ctrl_c_inside_an_import_waits_for_the_import_to_finish(tmp_path):
     """))
     script = textwrap.dedent("""
         import sys, time
-        from fastrl.train import install_startup_interrupt
+        from fastrl.run.session import install_startup_interrupt
         install_startup_interrupt()
         try:
             import slow_module
@@ -410,7 +410,7 @@ def test_ctrl_c_inside_a_gc_callback_is_not_swallowed():
     printed as "Exception ignored" and dropped. The start-up handler defers it until out of the callback."""
     script = textwrap.dedent("""
         import gc, os, signal, time
-        from fastrl.train import install_startup_interrupt
+        from fastrl.run.session import install_startup_interrupt
         install_startup_interrupt()
         def callback(phase, info):
             if phase == "start":

@@ -1,4 +1,4 @@
-"""The whole iteration as one pure function (fastrl/iteration.py): compiled equals eager, K members equal their
+"""The whole iteration as one pure function (fastrl/run/iteration.py): compiled equals eager, K members equal their
 single runs, the scans equal their loop twins, and which runs take it."""
 import pytest
 import torch

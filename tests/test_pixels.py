@@ -66,7 +66,7 @@ def test_make_env_applies_atari_options_and_eval_plays_whole_games(monkeypatch):
     def recording(*args, env_kwargs=None, **kwargs):
         built.append(env_kwargs)
         return BatchedEnv(*args, env_kwargs=env_kwargs, **kwargs)
-    monkeypatch.setattr(fastrl.envs, "BatchedEnv", recording)
+    monkeypatch.setattr(fastrl.envs.batched, "BatchedEnv", recording)
     cfg = make_config(dict(env="Pong-v5", n_envs=2, frame_stack=2, frame_skip=3, noop_max=7, env_threads=1))
     for training in (True, False):
         env = make_env(cfg, training=training)

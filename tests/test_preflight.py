@@ -156,7 +156,7 @@ def test_channels_last_frames_are_refused(encoder):
 
 
 def test_gymnasium_env_missing_its_package(monkeypatch):
-    from fastrl.envs import envs
+    from fastrl.envs import batched as envs
 
     def missing(*args, **kwargs):
         raise ImportError("Box2D is not installed, run `pip install \"gymnasium[box2d]\"`\nmore detail")

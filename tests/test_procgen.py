@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from conftest import QUIET, train_main
-from fastrl.envs import envs
+from fastrl.envs import batched, registry
 from fastrl.config import UserError, load_yaml, make_config
 from fastrl.learn.models import ImpalaResNet, resolve_encoder
 
 GAME = "CoinrunEasy-v0"
-needs_procgen_ids = pytest.mark.skipif(GAME not in envs.envpool_ids(), reason="this EnvPool build has no Procgen")
+needs_procgen_ids = pytest.mark.skipif(GAME not in registry.envpool_ids(), reason="this EnvPool build has no Procgen")
 
 
 def _qt_missing(*_args):
@@ -23,23 +23,23 @@ def _qt_missing(*_args):
 
 @pytest.fixture
 def no_qt(monkeypatch):
-    monkeypatch.setattr(envs, "_load_procgen", _qt_missing)
-    envs._probe.cache_clear()  # a probe of the same id from an earlier test must not answer for this machine
+    monkeypatch.setattr(registry, "_load_procgen", _qt_missing)
+    batched._probe.cache_clear()  # a probe of the same id from an earlier test must not answer for this machine
     yield
-    envs._probe.cache_clear()
+    batched._probe.cache_clear()
 
 
 @needs_procgen_ids
 def test_procgen_ids_are_recognised_without_loading_procgen(no_qt):
-    assert envs.is_procgen(GAME) and envs.is_procgen("StarpilotHard-v0")
-    assert not envs.is_procgen("Pong-v5") and not envs.is_procgen("CartPole-v1") and not envs.is_procgen("nope")
-    assert not envs.is_atari(GAME)  # answered without building a Procgen spec (which needs Qt)
+    assert registry.is_procgen(GAME) and registry.is_procgen("StarpilotHard-v0")
+    assert not registry.is_procgen("Pong-v5") and not registry.is_procgen("CartPole-v1") and not registry.is_procgen("nope")
+    assert not registry.is_atari(GAME)  # answered without building a Procgen spec (which needs Qt)
 
 
 @needs_procgen_ids
 def test_missing_qt_is_one_line_naming_the_package(no_qt, tmp_path, capsys):
     with pytest.raises(UserError) as info:
-        envs.BatchedEnv(GAME, 2, seed=0)
+        batched.BatchedEnv(GAME, 2, seed=0)
     message = str(info.value)
     assert "\n" not in message and "libqt5gui5" in message and "apt-get install" in message
     rc = train_main(["--env", GAME, "--run-dir", str(tmp_path / "run"), *QUIET])
@@ -52,9 +52,9 @@ def test_missing_qt_is_one_line_naming_the_package(no_qt, tmp_path, capsys):
 def test_another_import_failure_is_not_reported_as_qt(monkeypatch):
     def broken():
         raise ImportError("something else entirely")
-    monkeypatch.setattr(envs, "_load_procgen", broken)
+    monkeypatch.setattr(registry, "_load_procgen", broken)
     with pytest.raises(ImportError, match="something else"):
-        envs.require_procgen_runtime(GAME)
+        registry.require_procgen_runtime(GAME)
 
 
 @needs_procgen_ids
@@ -76,7 +76,7 @@ def test_procgen_config_holds_cobbe_et_al_settings():
 def test_procgen_ppo_trains_a_few_iterations():
     """The shipped config at tiny sizes: IMPALA-ResNet on uint8 [3, 64, 64] frames, finite losses, weights move."""
     try:
-        envs.require_procgen_runtime(GAME)
+        registry.require_procgen_runtime(GAME)
     except UserError as e:
         pytest.skip(f"Qt 5 runtime missing here ({e})")
     from fastrl.run.trainer import Trainer

@@ -1,4 +1,4 @@
-"""The compiled rollout step (fastrl/rollout.py): the same rollout as the eager loop, and guards that never fire."""
+"""The compiled rollout step (fastrl/run/rollout.py): the same rollout as the eager loop, and guards that never fire."""
 import pytest
 import torch
 

@@ -97,7 +97,7 @@ def test_a_live_run_refuses_every_second_writer_until_it_dies(tmp_path):
 WORKER = textwrap.dedent("""
     import sys
     from fastrl.config import make_config
-    from fastrl.distributed import DistInfo
+    from fastrl.distributed.torchrun import DistInfo
     from fastrl.run.rundir import agree_run_dir, write_config
     try:
         cfg = make_config({"seed": int(sys.argv[1])})

@@ -1,4 +1,4 @@
-"""The pure PPO / A2C update (fastrl/update.py) against its torch.optim twin (tests/reference_update.py), and the
+"""The pure PPO / A2C update (fastrl/learn/update.py) against its torch.optim twin (tests/reference_update.py), and the
 properties the trainer builds on: vmap over members, chunked calls, compiled = eager, skipped non-finite steps,
 torch.optim's checkpoint format, fp16 loss scaling, and a compile plan that ignores what the cache holds.
 

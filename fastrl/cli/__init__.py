@@ -96,7 +96,7 @@ def bench_main(argv: list[str]) -> int:
     (the package installs the top-level name ``fastrl`` only), so an install from a checkout (``pip install -e .``)
     finds them there."""
     from pathlib import Path
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     if not (checkout / "benchmarks" / "run.py").is_file():
         print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
               "repository, pip install -e . there and run fastrl bench", file=sys.stderr)

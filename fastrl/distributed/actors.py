@@ -272,7 +272,7 @@ class RolloutCollector:
         env, agent, obs = self.env, self.agent, self.obs
         seen_episodes = env.stats.count
         with torch.no_grad():
-            if self.grouped is not None:  # the same [T, N] rollout, filled group by group (fastrl/async_collect.py)
+            if self.grouped is not None:  # the same [T, N] rollout, filled group by group (fastrl/distributed/async_collect.py)
                 obs = self.grouped.run(views, obs, agent.get_action_and_value, agent.get_value, self.timer, heartbeat)
                 seconds = self.timer.pop()
                 policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)

@@ -71,7 +71,7 @@ class EnvCodeError(RuntimeError):
     def from_exception(cls, error: BaseException) -> EnvCodeError:
         import traceback
         import gymnasium
-        skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(__file__))
+        skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(os.path.dirname(__file__)))
         frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
         trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
         first = (str(error).strip().splitlines() or ["?"])[0]

@@ -303,7 +303,7 @@ class SinkProcess:
         """``plots``: the run will ask for its learning-curve plot (``plot``); the child imports matplotlib while the
         run trains, so the plot costs the run's end only its drawing."""
         import subprocess
-        package_root = str(Path(__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                                          if p)}
         self._child = subprocess.Popen([sys.executable, "-c", "from fastrl.run.logger import serve_sinks; serve_sinks()"],

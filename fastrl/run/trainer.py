@@ -195,7 +195,7 @@ class Trainer:
                                  members=k,
                                  hand_gradient=k > 1 and hand_gradient_applies(self.spec, self.layout, self.autocast))
         self.iteration_call = None
-        # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/stacked.py), so it
+        # A population's eager rollout forward stacks its members' layers as batched matmuls (fastrl/learn/stacked.py), so it
         # compiles under the same rule as one agent's: 3 CartPole members (zoo settings, 100k steps each) spent 13 s
         # compiling it to save 2 s of forwards (2026-12-04).
         rollout_mode = self.rollout_mode = self.plan.rollout
