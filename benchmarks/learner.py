@@ -50,8 +50,8 @@ from benchmarks.common import (
 )
 from fastrl import kernels
 from fastrl.config import make_config
-from fastrl.run.trainer import Trainer
 from fastrl.learn.update import minibatch_index
+from fastrl.run.trainer import Trainer
 
 # name -> (model, minibatch size)
 CASES = {

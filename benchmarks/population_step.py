@@ -25,12 +25,12 @@ import time
 import torch
 
 from benchmarks.common import interleaved, load_average, machine_info, markdown_table, write_json
-from fastrl.run.allocator import keep_freed_memory
 from fastrl.config import make_config
 from fastrl.envs.spaces import ActionSpec
 from fastrl.learn.models import ActorCritic
 from fastrl.learn.stacked import FlatLayout
 from fastrl.learn.update import Update, UpdateSpec, member_hparams
+from fastrl.run.allocator import keep_freed_memory
 
 # name -> (config overrides, observation size, action spec, rows per minibatch)
 CASES = {

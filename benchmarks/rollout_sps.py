@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from benchmarks.common import default_out, machine_info, markdown_table, rate_summary, write_json
-from fastrl.envs.async_env import ASYNC_GROUPS
 from fastrl.config import UserError, make_config
+from fastrl.envs.async_env import ASYNC_GROUPS
 from fastrl.envs.registry import atari_kwargs, is_atari
 from fastrl.run.trainer import Trainer
 

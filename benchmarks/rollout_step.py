@@ -26,8 +26,8 @@ import time
 import torch
 
 from benchmarks.common import default_out, interleaved, machine_info, markdown_table, write_json
-from fastrl.run.compile import skip_guards
 from fastrl.config import make_config
+from fastrl.run.compile import skip_guards
 from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", eval_episodes=0)

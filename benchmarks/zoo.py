@@ -16,7 +16,7 @@ Per config (``ROWS``):
   the zoo's own run differs, its settings, ``ZooRow.zoo_settings``: ppo/hopper and ppo/walker2d run CleanRL's
   settings, and SB3 is timed on the zoo's whole Hopper, Walker2d and Swimmer settings), on the Gymnasium twin of the env
   (``DummyVecEnv``, as the zoo runs it), timed over at least two whole iterations (``SB3_TIMING_STEPS``) at 1 torch
-  thread and at every core (fastrl picks between those per phase, see ``fastrl.run.trainer.torch_thread_counts``);
+  thread and at every core (fastrl picks between those per phase, see ``fastrl.run.threads.torch_thread_counts``);
   ``sb3_single_run_s`` is the budget at the faster rate: what the zoo's single run would take on this machine. (Rows
   from before 2026-12-03 22:30 UTC timed SB3 at 1 thread only, as fastrl then ran its populations.)
 - ``--sb3-seeds``: instead of the table, SB3 at those same settings trained to the budget (1 torch thread) and scored by
@@ -175,7 +175,7 @@ def time_sb3(row: ZooRow, steps: int) -> dict:
     shape, epochs or, for configs that left the zoo's settings, all of them) on the Gymnasium twin: steps/s over
     ``SB3_TIMING_STEPS`` (at least two iterations) and the single run's projected wall time at the zoo's budget."""
     from benchmarks.peers_common import sb3_model
-    from fastrl.run.trainer import torch_threads
+    from fastrl.run.threads import torch_threads
     algo = row.config.split("/")[0]
     if algo not in ("ppo", "a2c"):
         return {"sb3_skipped": f"SB3 has no {algo}"}
@@ -208,7 +208,7 @@ def train_sb3(row: ZooRow, steps: int, seed: int) -> dict:
     does SB3 itself reach the zoo's figure on this machine?"""
     import numpy as np
     from benchmarks.peers_common import sb3_model
-    from fastrl.run.trainer import torch_threads
+    from fastrl.run.threads import torch_threads
     cfg = sb3_config(row, seed=seed)
     load, started = load_average(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with torch_threads(1):

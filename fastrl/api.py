@@ -29,8 +29,8 @@ import torch
 
 from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
 from fastrl.envs.registry import env_name
-from fastrl.envs.stats import RunningMeanStd, normalize_observation
 from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
+from fastrl.envs.stats import RunningMeanStd, normalize_observation
 
 
 def train(

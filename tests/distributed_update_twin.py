@@ -12,10 +12,10 @@ import sys
 
 import torch
 
-from fastrl.distributed import torchrun
 from fastrl.config import make_config
-from fastrl.run.trainer import Trainer
+from fastrl.distributed import torchrun
 from fastrl.learn.update import LOSS_KEYS, minibatch_index
+from fastrl.run.trainer import Trainer
 
 ROWS = 64  # per rank
 CONFIG = {"env": "CartPole-v1", "env_backend": "torch", "n_envs": 8, "n_steps": 16, "n_epochs": 2,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import median_of_seeds
-from fastrl.run.checkpoint import load_checkpoint
 from fastrl.config import UserError, load_yaml, make_config
 from fastrl.learn.ppo import compute_advantages
+from fastrl.run.checkpoint import load_checkpoint
 from fastrl.run.session import run
 from fastrl.run.trainer import Trainer
 

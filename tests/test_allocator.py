@@ -4,8 +4,8 @@ import platform
 
 import pytest
 
-from fastrl.run import allocator
 from fastrl.config import make_config
+from fastrl.run import allocator
 
 
 @pytest.fixture

@@ -6,14 +6,14 @@ import torch
 from torch._dynamo.utils import counters
 
 import fastrl.run.compile
-from fastrl.run.compile import CompiledOrEager, CompilePlan
 from fastrl.config import make_config
 from fastrl.envs.spaces import ActionSpec
 from fastrl.learn.models import PixelActorCritic
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout
-from fastrl.run.trainer import Trainer
 from fastrl.learn.update import Update, UpdateSpec, member_hparams
+from fastrl.run.compile import CompiledOrEager, CompilePlan
+from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
 

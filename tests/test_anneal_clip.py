@@ -4,8 +4,8 @@ import torch
 
 import fastrl.run.compile
 from fastrl.config import UserError, make_config
-from fastrl.run.trainer import Trainer
 from fastrl.learn.update import Update
+from fastrl.run.trainer import Trainer
 
 TINY = dict(n_envs=2, n_steps=8, total_steps=64, n_epochs=2, n_minibatches=2, device="cpu", progress=False,
             tensorboard=False, wandb="disabled", eval_episodes=0, compile="off", clip_coef=0.2)  # 4 iterations

@@ -18,9 +18,9 @@ import torch
 
 import fastrl
 from conftest import median_of_seeds, one_line_error
+from fastrl.config import UserError
 from fastrl.run.callbacks import EvalCallback, StopOnReturn, best_checkpoint_path
 from fastrl.run.checkpoint import list_checkpoints
-from fastrl.config import UserError
 from fastrl_match_env import N_TARGETS, MatchTarget, make_match_target
 
 TESTS_DIR = Path(__file__).resolve().parent

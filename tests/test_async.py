@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import one_line_error
-from fastrl.envs.async_env import AsyncBatchedEnv, AsyncStep, async_unsupported, resolve_env_mode
 from fastrl.config import make_config
+from fastrl.envs.async_env import AsyncBatchedEnv, AsyncStep, async_unsupported, resolve_env_mode
 from fastrl.run.preflight import check_env_mode
 from fastrl.run.trainer import Trainer
 

@@ -8,8 +8,8 @@ import pytest
 import fastrl.run.footprint
 from conftest import QUIET, one_line_error, train_main
 from fastrl.cli import main as cli
-from fastrl.config import make_config
 from fastrl.cli.tune import load_space
+from fastrl.config import make_config
 
 
 @pytest.mark.parametrize("key", ["hidden_sizes", "env"])

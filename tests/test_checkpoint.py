@@ -5,9 +5,9 @@ import shlex
 import pytest
 import torch
 
-from fastrl.run.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
-                               save_checkpoint)
 from fastrl.config import UserError, make_config
+from fastrl.run.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
+                                   save_checkpoint)
 
 
 def _state(step=0):

@@ -12,9 +12,9 @@ import torch
 
 import fastrl
 from conftest import QUIET, one_line_error, train_main
-from fastrl.run.checkpoint import list_checkpoints
 from fastrl.cli import main as cli
 from fastrl.config import CODE_KEYS, Config, UserError
+from fastrl.run.checkpoint import list_checkpoints
 
 SENTINEL = textwrap.dedent("""\
     import pathlib

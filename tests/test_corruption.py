@@ -11,9 +11,9 @@ from gymnasium.envs.classic_control import CartPoleEnv
 
 import fastrl
 from conftest import QUIET, one_line_error, train_main
-from fastrl.run.checkpoint import checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, save_checkpoint
 from fastrl.cli import main as cli
 from fastrl.config import make_config
+from fastrl.run.checkpoint import checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def _state(step: int) -> dict:

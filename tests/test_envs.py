@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from fastrl.config import UserError, make_config
+from fastrl.distributed.seeding import env_seed
 from fastrl.envs.batched import BatchedEnv, NormalizedEnv, make_env
 from fastrl.envs.registry import envpool_ids, gymnasium_ids, resolve_backend
 from fastrl.envs.stats import EpisodeStats
-from fastrl.distributed.seeding import env_seed
 
 BACKENDS = ["envpool", "gymnasium"]
 CARTPOLE_RESET_BOUND = 0.05  # CartPole's first observation is uniform in [-0.05, 0.05]^4

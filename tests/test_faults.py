@@ -15,8 +15,8 @@ import torch
 
 import fastrl.run.checkpoint
 import fastrl.run.logger
-from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli.train import main
+from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from conftest import descendant_pids
 
 QUIET = ["--wandb", "disabled", "--tensorboard", "false", "--progress", "false", "--plot", "false", "--quiet", "true"]

@@ -16,8 +16,8 @@ import yaml
 from tensordict import TensorDict
 
 from fastrl import kernels
-from fastrl.distributed.actors import FILLING, FREE, FULL, SlotRing, WeightBoard
 from fastrl.config import UserError, make_config
+from fastrl.distributed.actors import FILLING, FREE, FULL, SlotRing, WeightBoard
 from fastrl.envs.spaces import ActionSpec
 from fastrl.learn.impala import learner_batch, learner_forward, vtrace_targets
 from fastrl.learn.models import make_agent

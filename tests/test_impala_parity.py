@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import QUIET, SUMMARY_KEYS, train_main
-from fastrl.distributed.actors import copy_new_episodes
-from fastrl.run.actor_learner import ActorLearnerTrainer, record_episodes
 from fastrl.config import make_config
+from fastrl.distributed.actors import copy_new_episodes
 from fastrl.envs.batched import BatchedEnv
 from fastrl.envs.registry import atari_kwargs
 from fastrl.envs.stats import EpisodeStats
+from fastrl.run.actor_learner import ActorLearnerTrainer, record_episodes
 
 CPU = torch.device("cpu")
 SMALL = dict(algo="impala", env="CartPole-v1", n_actors=2, n_envs=8, n_steps=16, n_slots=4, device="cpu",

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fastrl.config import make_config
-from fastrl.run.iteration import gae_loop, gae_scan
 from fastrl.kernels.gae import gae_reference
+from fastrl.run.iteration import gae_loop, gae_scan
 from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)

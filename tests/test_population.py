@@ -17,14 +17,15 @@ from reference_update import reference_optimizer, reference_update
 
 import fastrl.run.compile
 from fastrl.config import make_config
-from fastrl.run.run_config import parse_cli
 from fastrl.distributed.torchrun import DistInfo
 from fastrl.envs.stats import EpisodeStats, MemberEpisodeStats
 from fastrl.learn.optim import annealed_lr
-from fastrl.run.population import aggregate, interquartile_mean, member_configs
 from fastrl.learn.ppo import compute_advantages
-from fastrl.run.trainer import Trainer, torch_thread_counts
 from fastrl.learn.update import LOSS_KEYS, minibatch_index
+from fastrl.run.population import aggregate, interquartile_mean, member_configs
+from fastrl.run.run_config import parse_cli
+from fastrl.run.threads import torch_thread_counts
+from fastrl.run.trainer import Trainer
 
 SMALL = {"total_steps": 2560, "progress": False, "n_minibatches": 2, "n_epochs": 2, "n_envs": 4, "n_steps": 16}
 A2C = {"algo": "a2c", "n_minibatches": 1, "n_epochs": 1}
@@ -203,7 +204,7 @@ def test_a_single_run_equals_the_torch_optim_twin_after_one_iteration(algo):
     (dict(n_members=3, device="cuda"), (0, 0)),                     # torch's own on CUDA
 ])
 def test_thread_counts_for_collecting_and_updating(monkeypatch, given, expected):
-    monkeypatch.setattr("fastrl.run.trainer.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("fastrl.run.threads.os.cpu_count", lambda: 2)
     given = dict(given)
     cfg = make_config({"torch_threads": given.pop("threads", 0)})
     device = torch.device(given.pop("device", "cpu"))
@@ -213,7 +214,7 @@ def test_thread_counts_for_collecting_and_updating(monkeypatch, given, expected)
 def test_a_population_updates_on_its_update_threads_and_collects_on_its_collect_threads(monkeypatch):
     """The thread count inside each phase, seen by the trainer's own calls; the process is left on the collect count
     (evaluation and the caller run there)."""
-    monkeypatch.setattr("fastrl.run.trainer.os.cpu_count", lambda: 2)
+    monkeypatch.setattr("fastrl.run.threads.os.cpu_count", lambda: 2)
     torch.set_num_threads(1)
     trainer = Trainer(make_config(dict(SMALL, n_seeds=2, compile="off")))
     assert (trainer.collect_threads, trainer.update_threads) == (1, 2)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from conftest import QUIET, train_main
-from fastrl.envs import batched, registry
 from fastrl.config import UserError, load_yaml, make_config
+from fastrl.envs import batched, registry
 from fastrl.learn.models import ImpalaResNet, resolve_encoder
 
 GAME = "CoinrunEasy-v0"

@@ -13,9 +13,9 @@ from torchrl.objectives.value import GAE
 from fastrl import kernels
 from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.envs.spaces import ActionSpec
+from fastrl.envs.torchrl_adapter import default_log_prob_key, to_torchrl
 from fastrl.learn.models import ActorCritic
 from fastrl.learn.ppo import compute_advantages
-from fastrl.envs.torchrl_adapter import default_log_prob_key, to_torchrl
 
 GAMMA, LAM = 0.97, 0.9
 CLIP, VF_COEF, ENT_COEF = 0.2, 0.5, 0.01

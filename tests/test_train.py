@@ -9,8 +9,8 @@ import torch
 
 import fastrl
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
-from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.cli.train import main
+from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from fastrl.run.run_config import config_from_cli
 from fastrl.run.trainer import Trainer
 

@@ -16,14 +16,14 @@ import pytest
 import torch
 from torch.func import vmap
 
-from fastrl.run.compile import (PLANNING_HORIZON_GRADIENT_STEPS, CompilePlan, compile_cache_dir, compile_plan,
-                            steps_per_call, target_steps_per_call)
 from fastrl.config import make_config
 from fastrl.envs.spaces import ActionSpec
 from fastrl.learn.models import make_agent
 from fastrl.learn.optim import load_optimizer_state_dict, optimizer_state_dict
 from fastrl.learn.stacked import FlatLayout
 from fastrl.learn.update import LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, member_hparams, minibatch_index
+from fastrl.run.compile import (PLANNING_HORIZON_GRADIENT_STEPS, CompilePlan, compile_cache_dir, compile_plan,
+                                steps_per_call, target_steps_per_call)
 from reference_update import reference_optimizer, reference_update
 
 OBS, N_ACTIONS, BATCH = (4,), 3, 64

@@ -43,14 +43,14 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 
-from fastrl.distributed.seeding import actor_env_seed, derived_seed
-from fastrl.distributed.async_collect import GroupedRollout, RolloutViews, Timer
-from fastrl.envs.async_env import make_async_env, resolve_env_mode
-from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.config import Config, UserError
+from fastrl.distributed.async_collect import GroupedRollout, RolloutViews, Timer
+from fastrl.distributed.seeding import actor_env_seed, derived_seed
+from fastrl.envs.async_env import make_async_env, resolve_env_mode
 from fastrl.envs.batched import make_env
-from fastrl.envs.stats import EpisodeStats
+from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.envs.env_workers import ERROR_BYTES, EnvError, EnvFault, read_env_error, write_env_error
+from fastrl.envs.stats import EpisodeStats
 from fastrl.learn.models import make_agent
 
 START_METHOD = "spawn"

@@ -40,11 +40,11 @@ import warnings
 import numpy as np
 import torch
 
+from fastrl.config import Config, UserError, parse_resources
 from fastrl.distributed.actors import (A_BEAT, A_ENV, A_POLICY, A_ROLLOUTS, A_STEPS, A_WAIT, STARTUP_GRACE_S,
-                                  RolloutCollector, SlotRing, flat_weights, load_flat_weights)
+                                       RolloutCollector, SlotRing, flat_weights, load_flat_weights)
 from fastrl.distributed.async_collect import RolloutViews
 from fastrl.envs.buffers import make_rollout_buffer
-from fastrl.config import Config, UserError, parse_resources
 
 INSTALL_HINT = 'pip install "fastrl[ray]"'
 HEALTH_EVERY_S = 0.2

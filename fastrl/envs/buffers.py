@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from fastrl.envs.spaces import ActionSpec
 from fastrl._startup import import_tensordict
+from fastrl.envs.spaces import ActionSpec
 
 TensorDict = import_tensordict().TensorDict  # before any other tensordict import: see fastrl._startup
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fastrl.envs import torch_classic as classic
 from fastrl.config import UserError
+from fastrl.envs import torch_classic as classic
 from fastrl.envs.spaces import ActionSpec
 from fastrl.envs.stats import EnvStep, EpisodeStats
 

@@ -32,8 +32,8 @@ import math
 import os
 from pathlib import Path
 
-from fastrl.distributed import torchrun
 from fastrl.config import UserError
+from fastrl.distributed import torchrun
 
 BEST_CHECKPOINT = "best.pt"  # never matches checkpoint.list_checkpoints, so keep-last-N pruning and resume skip it
 

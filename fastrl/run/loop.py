@@ -42,17 +42,17 @@ from pathlib import Path
 
 import torch
 
+from fastrl.config import UserError
 from fastrl.distributed import torchrun
+from fastrl.envs.env_workers import EnvError
 from fastrl.run.callbacks import CallbackError, RunContext, run_callbacks
 from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
-from fastrl.config import UserError
-from fastrl.envs.env_workers import EnvError
 from fastrl.run.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.run.guards import RollbackGuard, all_finite
 from fastrl.run.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.run.rundir import restart_count, write_config
-from fastrl.run.storage import strict_json
 from fastrl.run.runfiles import RunFiles
+from fastrl.run.storage import strict_json
 from fastrl.signals import StopWhileWaiting, install_stop_handlers, restore_handlers, stop_ends_env_waits
 
 

@@ -21,8 +21,8 @@ import socket
 import time
 from pathlib import Path
 
-from fastrl.distributed import torchrun
 from fastrl.config import Config, UserError
+from fastrl.distributed import torchrun
 from fastrl.run.runfiles import clear_run, refuse_links
 
 # What makes a directory "hold a run" (what --overwrite deletes is what fastrl recorded: fastrl.run.runfiles).

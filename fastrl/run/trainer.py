@@ -26,78 +26,32 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import statistics
-from contextlib import contextmanager
 
 import torch
 from torch.func import vmap
 
-from fastrl.distributed import torchrun
-from fastrl.run.allocator import keep_freed_memory
-from fastrl.distributed.async_collect import AsyncCollector, RolloutViews, Timer
-from fastrl.envs.async_env import make_async_env, resolve_env_mode
-from fastrl.envs.buffers import make_rollout_buffer
-from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
 from fastrl.config import Config, UserError
+from fastrl.distributed import torchrun
+from fastrl.distributed.async_collect import AsyncCollector, RolloutViews, Timer
+from fastrl.distributed.seeding import env_seed, member_generator, seed_process
+from fastrl.envs.async_env import make_async_env, resolve_env_mode
 from fastrl.envs.batched import make_env
+from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.learn.models import make_agent
 from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_dict, optimizer_state_dict
-from fastrl.run.population import member_configs, member_hyperparameters, varied_keys, variant_name
 from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
-from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
-from fastrl.run.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
-from fastrl.distributed.seeding import env_seed, member_generator, seed_process
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
 from fastrl.learn.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
-                           hand_gradient_applies, initial_opt_state, minibatch_index)
+                                 hand_gradient_applies, initial_opt_state, minibatch_index)
+from fastrl.run.allocator import keep_freed_memory
 from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
-
-def rank_n_envs(cfg: Config, world_size: int) -> int:
-    """Envs of each member on each rank: ``n_envs / world_size``, or ``n_envs`` with ``per_rank``."""
-    return cfg.n_envs if cfg.per_rank else cfg.n_envs // world_size
-
-
-WIDE_LAYER = 256
-
-
-def torch_thread_counts(cfg: Config, device: torch.device, n_members: int = 1, flat_observations: bool = True,
-                        widest_layer: int = 0, world_size: int = 1) -> tuple[int, int]:
-    """``(collect, update)``: torch's intra-op threads while collecting and while updating (0: leave torch's own).
-
-    ``torch_threads`` > 0 sets both. Auto (0) on CPU:
-    - collect: 1, but all cores (at most 8) for a population of 4 or more MLP members. Small MLPs gain nothing from
-      intra-op threads, and spinning OpenMP workers collapse throughput when the cores are shared (with EnvPool's
-      threads, or other jobs). CNNs too: on the shared 2-core box a Nature-CNN forward of 8 frames took 5 ms on 1
-      thread, 300 ms on 2. 4 and 16 CartPole members trained 1.2x and 1.25x faster on 2 threads than on 1.
-    - update: all cores (at most 8) for an MLP population, or an MLP with a layer of ``WIDE_LAYER`` units or more
-      (``widest_layer``). No env steps run then, and such matmuls share well (2 cores, 2026-12-03): 3 members'
-      update ran 1.9x (HalfCheetah, 256x256, minibatch 64), 1.7x (Walker2d, Hopper: minibatch 32) and 1.24x (Ant,
-      64x64) faster on 2 threads than on 1, a single Walker2d run's 1.75x; single 64x64 runs (CartPole,
-      LunarLander, ppo/mujoco's HalfCheetah) gained nothing, and Ant's rollout ran 1.5x slower on 2. Under torchrun the ranks
-      share the cores: 1.
-    """
-    if cfg.torch_threads or device.type != "cpu":
-        return cfg.torch_threads, cfg.torch_threads
-    cores = min(os.cpu_count() or 1, 8)
-    collect = cores if n_members >= 4 and flat_observations else 1
-    wide = n_members >= 2 or widest_layer >= WIDE_LAYER
-    update = cores if flat_observations and wide and world_size == 1 else collect
-    return collect, update
-
-
-@contextmanager
-def torch_threads(count: int):
-    """Run the block on ``count`` intra-op threads (0: as it is), then restore the previous count."""
-    previous = torch.get_num_threads()
-    if count and count != previous:
-        torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != previous:
-            torch.set_num_threads(previous)
+from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
+from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
+from fastrl.run.population import member_configs, member_hyperparameters, varied_keys, variant_name
+from fastrl.run.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
+from fastrl.run.threads import rank_n_envs, torch_thread_counts, torch_threads
 
 
 class Trainer:
