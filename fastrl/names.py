@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from fastrl.config import CODE_KEYS, UserError, brief
+from fastrl.config import UserError, brief
 
 
 def names_code(value) -> bool:

@@ -8,10 +8,14 @@
   therefore never outlasts a stop signal.
 - ``stop_requested()``: whether a stop signal came during this run (a compile that fails then was interrupted, not
   broken).
+- Before the run loop takes over (the command line's start-up), ``install_startup_interrupt`` makes the three raise at
+  once (``KeyboardInterrupt``, ``Terminated``), deferred out of the places where an exception would do harm.
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -22,12 +26,16 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STATE = {"waiting": False, "interruptible": False, "signal": None}
 
 
-class StopWhileWaiting(BaseException):
-    """A stop signal ended a wait on an env (a BaseException, so no env wrapper's ``except Exception`` keeps it)."""
+class SignalStop(BaseException):
+    """A stop signal, raised (a BaseException, so no env wrapper's or library's ``except Exception`` keeps it)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class StopWhileWaiting(SignalStop):
+    """A stop signal ended a wait on an env."""
 
 
 def stop_requested() -> bool:
@@ -83,3 +91,70 @@ def restore_handlers(previous: dict) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
     _STATE["signal"] = None
+
+
+def run_as_process(main_function, *args) -> int:
+    """``main_function(*args)`` as the whole process's work: returns its exit status."""
+    status = main_function(*args)
+    if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and STARTUP_INTERRUPT.get("cut_imports"):
+        # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
+        # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+STARTUP_INTERRUPT = {"signal": None}
+
+
+def _where_an_interrupt_must_wait(frame) -> bool:
+    """Whether a KeyboardInterrupt raised at ``frame`` would do harm, so the start-up handler defers it:
+    - inside a gc callback (a library's, e.g. one JAX registers) or a ``__del__``, Python only prints it ("Exception
+      ignored in ...") and drops it;
+    - inside an import, the module's body may be running under an extension's C++ initializer that cannot pass an
+      exception on: ``torch.distributed`` calls ``torch._C._c10d_init()``, and an interrupt raised there ends the
+      process in ``std::terminate`` (SIGABRT, a page of C++ and Python frames) instead of exit 130."""
+    import gc
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Terminated(SignalStop):
+    """SIGTERM or SIGHUP during start-up: nothing to save yet; the command line exits ``128 + signum``."""
+
+
+def _startup_interrupt(signum, frame):
+    STARTUP_INTERRUPT["signal"] = signum
+    if _where_an_interrupt_must_wait(frame):
+        # Deliver the signal again in 50 ms, and so on until out of there; then it raises.
+        timer = threading.Timer(0.05, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    raise_if_interrupted()
+
+
+def install_startup_interrupt() -> dict:
+    """Until the run loop installs its own stop handlers (and again after it restores these), SIGINT raises
+    KeyboardInterrupt as Python's default handler does (SIGTERM and SIGHUP: ``Terminated``), and also leaves a mark:
+    an interrupt that some library swallows (e.g. raised inside a gc callback, where Python only prints it) still
+    ends the run before training. Returns the previous handlers (none outside the main thread, where handlers
+    cannot be set)."""
+    STARTUP_INTERRUPT["signal"] = None
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _startup_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def raise_if_interrupted() -> None:
+    signum = STARTUP_INTERRUPT["signal"]
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    if signum is not None:
+        raise Terminated(signum)

@@ -22,7 +22,7 @@ if __name__ == "__main__":
         signal.signal(_signum, _interrupted_while_importing)
 
 from fastrl.cli.train import main  # noqa: E402
-from fastrl.run.session import run_as_process  # noqa: E402
+from fastrl.signals import run_as_process  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_as_process(main))

@@ -390,7 +390,7 @@ def test_ctrl_c_inside_an_import_waits_for_the_import_to_finish(tmp_path):
     """))
     script = textwrap.dedent("""
         import sys, time
-        from fastrl.run.session import install_startup_interrupt
+        from fastrl.signals import install_startup_interrupt
         install_startup_interrupt()
         try:
             import slow_module
@@ -410,7 +410,7 @@ def test_ctrl_c_inside_a_gc_callback_is_not_swallowed():
     printed as "Exception ignored" and dropped. The start-up handler defers it until out of the callback."""
     script = textwrap.dedent("""
         import gc, os, signal, time
-        from fastrl.run.session import install_startup_interrupt
+        from fastrl.signals import install_startup_interrupt
         install_startup_interrupt()
         def callback(phase, info):
             if phase == "start":

@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The installed ``fastrl`` command and ``python -m fastrl``: ``main``, with ``fastrl train`` run as the process's
-    whole work (``fastrl.run.session.run_as_process``: a Ctrl-C that cut the start-up short exits without teardown)."""
+    whole work (``fastrl.signals.run_as_process``: a Ctrl-C that cut the start-up short exits without teardown)."""
     if sys.argv[1:2] == ["train"]:
-        from fastrl.run.session import run_as_process
+        from fastrl.signals import run_as_process
         return run_as_process(main)
     return main()
 

@@ -7,7 +7,8 @@ import sys
 
 from fastrl.config import UserError
 from fastrl.run.run_config import config_from_cli
-from fastrl.run.session import STARTUP_INTERRUPT, Terminated, install_startup_interrupt, run
+from fastrl.run.session import run
+from fastrl.signals import STARTUP_INTERRUPT, Terminated, install_startup_interrupt
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
