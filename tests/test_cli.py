@@ -200,7 +200,7 @@ def test_train_module_is_the_command_without_importing_torch_first():
 
 
 def test_help_is_grouped():
-    from fastrl.config import HELP_GROUPS, build_parser
+    from fastrl.cli.flags import HELP_GROUPS, build_parser
     text = build_parser().format_help()
     titles = ["run", "environment", "model", "algorithm (every algorithm)", "PPO", "IMPALA / APPO",
               "logging, checkpoints, evaluation", "guards"]
@@ -226,12 +226,12 @@ def test_help_is_grouped():
     (["--progress", "0"], False), (["--no-progress", "--progress"], True), (["--progress", "--no-progress"], False),
 ])
 def test_bare_boolean_flags(argv, expected):
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     assert parse_cli(argv).progress is expected
 
 
 def test_bare_boolean_does_not_swallow_the_next_flag():
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     cfg = parse_cli(["--capture-video", "--seed", "7", "--no-tensorboard", "--deterministic", "--n-envs", "4"])
     assert (cfg.capture_video, cfg.seed, cfg.tensorboard, cfg.deterministic, cfg.n_envs) == (True, 7, False, True, 4)
     assert parse_cli([]).capture_video is False and parse_cli([]).plot is True
@@ -239,13 +239,13 @@ def test_bare_boolean_does_not_swallow_the_next_flag():
 
 @pytest.mark.parametrize("argv", [["128", "128"], ["128,128"], ["[128,128]"], ["[128,", "128]"], ["128,", "128"]])
 def test_list_flags_accept_spaces_commas_and_brackets(argv):
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     assert parse_cli(["--hidden-sizes", *argv]).hidden_sizes == [128, 128]
 
 
 @pytest.mark.parametrize("argv", [["--hidden-sizes", "[]"], ["--hidden-sizes", "128,x"], ["--hidden-sizes", "[0]"]])
 def test_bad_list_flags_are_one_line(argv):
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     message = one_line_error(parse_cli, argv)
     assert "hidden_sizes" in message
 
@@ -273,7 +273,7 @@ def test_unknown_flags_name_the_flag_meant(capsys, tmp_path, monkeypatch, flag, 
                                   "--clip-coef", "--target-kl", "--norm-adv", "--anneal-lr", "--capture-video"])
 def test_cleanrl_spellings_that_are_ours_are_accepted(flag):
     """CleanRL/SB3 names fastrl shares need no hint: they are flags."""
-    from fastrl.config import parse_cli_overrides
+    from fastrl.cli.flags import parse_cli_overrides
     overrides, _ = parse_cli_overrides([flag, "1"])
     assert overrides == {flag[2:].replace("-", "_"): "1"}
 
@@ -284,14 +284,14 @@ def test_cleanrl_spellings_that_are_ours_are_accepted(flag):
     (["--learning-rate=0.1"], "unrecognized flag --learning-rate; did you mean --lr?"),  # the --flag=value form
 ])
 def test_other_unrecognized_arguments(argv, needle):
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     assert needle in one_line_error(parse_cli, argv)
 
 
 # ------------------------------------------------------------------------------------------ packaged configs
 def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
     from fastrl.config import config_names, configs_root
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     monkeypatch.chdir(tmp_path)  # away from the repository: names must not depend on the working directory
     names = config_names()
     assert {"ppo/cartpole", "ppo/lunarlander", "a2c/cartpole", "impala/cartpole"} <= set(names)
@@ -306,7 +306,7 @@ def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
 
 
 def test_a_local_file_wins_over_a_config_name(tmp_path, monkeypatch):
-    from fastrl.run.run_config import parse_cli
+    from fastrl.cli.flags import parse_cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ppo").mkdir()
     (tmp_path / "ppo" / "lunarlander.yaml").write_text("seed: 42\n")

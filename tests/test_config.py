@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import one_line_error
-from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, build_parser,
-                           load_yaml, make_config)
-from fastrl.run.run_config import parse_cli
+from fastrl.cli.flags import build_parser
+from fastrl.cli.flags import parse_cli
+from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, load_yaml,
+                           make_config)
 
 INT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is int)
 FLOAT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is float)

@@ -6,8 +6,8 @@ import pytest
 import yaml
 
 import fastrl
+from fastrl.cli.flags import config_from_cli
 from fastrl.config import Config, make_config
-from fastrl.run.run_config import config_from_cli
 
 INPUTS = {
     "tuned env": {"env": "HalfCheetah-v4"},

@@ -9,9 +9,9 @@ import pytest
 
 import fastrl
 from conftest import one_line_error
+from fastrl.cli.flags import parse_cli
 from fastrl.config import make_config
 from fastrl.hints import close_names, edit_distance
-from fastrl.run.run_config import parse_cli
 
 REPO = Path(__file__).resolve().parent.parent
 QUIET = dict(progress=False, wandb="disabled", tensorboard=False, plot=False, quiet=True)

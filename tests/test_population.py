@@ -16,6 +16,7 @@ from conftest import QUIET, one_line_error, train_main
 from reference_update import reference_optimizer, reference_update
 
 import fastrl.run.compile
+from fastrl.cli.flags import parse_cli
 from fastrl.config import make_config
 from fastrl.distributed.torchrun import DistInfo
 from fastrl.envs.stats import EpisodeStats, MemberEpisodeStats
@@ -23,7 +24,6 @@ from fastrl.learn.optim import annealed_lr
 from fastrl.learn.ppo import compute_advantages
 from fastrl.learn.update import LOSS_KEYS, minibatch_index
 from fastrl.run.population import aggregate, interquartile_mean, member_configs
-from fastrl.run.run_config import parse_cli
 from fastrl.run.threads import torch_thread_counts
 from fastrl.run.trainer import Trainer
 

@@ -9,9 +9,9 @@ import torch
 
 import fastrl
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds
+from fastrl.cli.flags import config_from_cli
 from fastrl.cli.train import main
 from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
-from fastrl.run.run_config import config_from_cli
 from fastrl.run.trainer import Trainer
 
 TINY = ["--env", "CartPole-v1", "--n-envs", "4", "--n-steps", "32", "--n-epochs", "2", "--n-minibatches", "2",

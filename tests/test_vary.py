@@ -9,9 +9,9 @@ import torch
 import yaml
 from conftest import QUIET, one_line_error, train_main
 
+from fastrl.cli.flags import parse_cli
 from fastrl.config import SHAPE_KEYS, VARY_KEYS, make_config
 from fastrl.run.population import member_configs
-from fastrl.run.run_config import parse_cli
 from fastrl.run.trainer import Trainer
 
 TINY = ["--total-steps", "512", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1", "--compile", "off"]

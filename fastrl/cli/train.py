@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from fastrl.cli.flags import config_from_cli
 from fastrl.config import UserError
-from fastrl.run.run_config import config_from_cli
 from fastrl.run.session import run
 from fastrl.signals import STARTUP_INTERRUPT, Terminated, install_startup_interrupt
 

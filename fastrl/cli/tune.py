@@ -54,8 +54,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key,
-                           brief, check_applicable, parse_cli_overrides)
+from fastrl.cli.flags import ArgParser, parse_cli_overrides
+from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key, brief,
+                           check_applicable)
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -363,13 +364,12 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastrl.config import _ArgParser
-    parser = _ArgParser(prog="fastrl tune", allow_abbrev=False,
-                        usage="fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] "
+    parser = ArgParser(prog="fastrl tune", allow_abbrev=False,
+                       usage="fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] "
                               "[--trial-seeds S] [--trial-steps N] [--evals E] [--dir DIR] [train flags ...]",
-                        description="Search hyperparameters with Optuna (TPE, median pruning); a batch of trials "
-                                    "trains as one population. Every fastrl train flag sets the base config (see "
-                                    "fastrl train --help).")
+                       description="Search hyperparameters with Optuna (TPE, median pruning); a batch of trials "
+                                   "trains as one population. Every fastrl train flag sets the base config (see "
+                                   "fastrl train --help).")
     parser.add_argument("--space", required=True, metavar="FILE",
                         help="YAML search space: KEY: {type: loguniform|uniform|int|categorical, low:, high: | "
                              "choices: [...]}")

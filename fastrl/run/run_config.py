@@ -20,24 +20,13 @@ from __future__ import annotations
 import os
 
 from fastrl.config import (CODE_KEYS, FIELDS, GENERAL_DEFAULTS, TUNED_CONFIGS, YAML_IGNORED, Config, UserError,
-                           _coerce, _unknown_key, brief, load_yaml, make_config, parse_cli_overrides)
+                           _coerce, _unknown_key, brief, load_yaml, make_config)
 
 # What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
 # optimizer's state) and the batch shape that the budget's iteration count is measured in.
 RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", "shared_trunk", "use_sde",
                 "encoder", "normalize_obs", "normalize_reward", "frame_skip", "frame_stack", "optimizer", "n_envs",
                 "n_steps", "per_rank")
-
-
-def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> tuple[Config, dict | None]:
-    """The command line's door: ``build_config`` of the flags and ``--config``."""
-    overrides, yaml_path = parse_cli_overrides(argv, prog)
-    return build_config(overrides, yaml_path, where="command-line flags")
-
-
-def parse_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> Config:
-    """The ``Config`` these flags train with (``config_from_cli`` without the checkpoint state)."""
-    return config_from_cli(argv, prog)[0]
 
 
 def changed_fields(cfg: Config) -> dict:
