@@ -125,6 +125,12 @@ def _where_an_interrupt_must_wait(frame) -> bool:
     return False
 
 
+def stopped_during_startup(signum: int) -> str:
+    """The one line for a stop signal before the run loop took over."""
+    name = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    return f"{name} during start-up; nothing was saved"
+
+
 class Terminated(SignalStop):
     """SIGTERM or SIGHUP during start-up: nothing to save yet; the command line exits ``128 + signum``."""
 

@@ -8,21 +8,21 @@ import os
 import signal
 import sys
 
+from fastrl.signals import STOP_SIGNALS, run_as_process, stopped_during_startup
+
 
 def _interrupted_while_importing(signum, _frame):
     """A Ctrl-C (SIGTERM, SIGHUP) among the imports, before ``main`` takes over, has nothing to save."""
-    name = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    sys.stderr.write(f"fastrl: {name} during start-up; nothing was saved\n")
+    sys.stderr.write(f"fastrl: {stopped_during_startup(signum)}\n")
     sys.stderr.flush()
     os._exit(128 + signum)
 
 
 if __name__ == "__main__":
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for _signum in STOP_SIGNALS:
         signal.signal(_signum, _interrupted_while_importing)
 
 from fastrl.cli.train import main  # noqa: E402
-from fastrl.signals import run_as_process  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run_as_process(main))

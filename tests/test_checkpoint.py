@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fastrl.config import UserError, make_config
-from fastrl.run.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint, resolve_checkpoint,
-                                   save_checkpoint)
+from fastrl.run.checkpoint import (checkpoint_path, contents_digest, list_checkpoints, load_checkpoint,
+                                   resolve_checkpoint, save_checkpoint)
 
 
 def _state(step=0):

@@ -22,7 +22,8 @@ from fastrl.envs.spaces import ActionSpec
 from fastrl.learn.impala import learner_batch, learner_forward, vtrace_targets
 from fastrl.learn.models import make_agent
 from fastrl.learn.stacked import FlatLayout
-from fastrl.learn.update import VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams, stat_names
+from fastrl.learn.update import (VTRACE_STAT_KEYS, Update, UpdateSpec, learner_minibatch_index, member_hparams,
+                                 stat_names)
 
 from conftest import QUIET, SUMMARY_KEYS, median_of_seeds, one_line_error
 from reference_update import reference_learner_update, reference_optimizer

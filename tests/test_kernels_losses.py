@@ -4,8 +4,8 @@ import torch
 
 from fastrl import kernels
 from fastrl.kernels.testing import (
-                                    INPUT_OPTIONS, PPO_OPTIONS, check_pg, check_ppo, gradcheck_pg, gradcheck_ppo, loss_inputs, ppo_args, pg_args,
-                                    )
+    INPUT_OPTIONS, PPO_OPTIONS, check_pg, check_ppo, gradcheck_pg, gradcheck_ppo, loss_inputs, ppo_args, pg_args,
+)
 
 
 @pytest.mark.parametrize("opts", PPO_OPTIONS)

@@ -16,9 +16,9 @@ pytest.importorskip("triton")
 from fastrl import kernels  # noqa: E402
 from fastrl.kernels._backend import interpreting  # noqa: E402
 from fastrl.kernels.testing import (  # noqa: E402
-                                    PPO_OPTIONS, check_pg, check_ppo, gae_args, gradcheck_pg, gradcheck_ppo, scan_inputs, strided, to_float64,
-                                    transposed, vtrace_args,
-                                    )
+    PPO_OPTIONS, check_pg, check_ppo, gae_args, gradcheck_pg, gradcheck_ppo, scan_inputs, strided, to_float64,
+    transposed, vtrace_args,
+)
 
 GAMMA, LAM = 0.97, 0.9
 TOL = dict(rtol=1e-5, atol=1e-5)

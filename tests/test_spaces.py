@@ -15,7 +15,8 @@ from conftest import median_of_seeds, one_line_error
 from fastrl.config import make_config
 from fastrl.envs.batched import make_env
 from fastrl.envs.spaces import space_from_data, space_to_data, spaces_to_data
-from fastrl.learn.models import ActorCritic, DictActorCritic, NatureCNN, OneHot, PixelActorCritic, SmallCNN, resolve_encoder
+from fastrl.learn.models import (ActorCritic, DictActorCritic, NatureCNN, OneHot, PixelActorCritic, SmallCNN,
+                                 resolve_encoder)
 from fastrl_space_envs import (BitsMatch, CodeMatch, DictCodeMatch, DictMatch, MultiMatch, PixelMatch, PixelMatchSmall,
                                PixelSteer, TinyPolicy)
 

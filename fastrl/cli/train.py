@@ -8,7 +8,7 @@ import sys
 from fastrl.cli.flags import config_from_cli
 from fastrl.config import UserError
 from fastrl.run.session import run
-from fastrl.signals import STARTUP_INTERRUPT, Terminated, install_startup_interrupt
+from fastrl.signals import STARTUP_INTERRUPT, Terminated, install_startup_interrupt, stopped_during_startup
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         try:
             cfg, resume_state = config_from_cli(argv, prog=prog)
             summary = run(cfg, resume_state)
-        except UserError as e:  # an env's failure (fastrl.envs.env_workers.EnvError) carries the env's own traceback first
+        except UserError as e:  # an env's failure (an EnvError) carries the env's own traceback first
             print(getattr(e, "trace", "") + f"fastrl: error: {e}", file=sys.stderr)
             return 2
         where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
@@ -30,22 +30,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         if summary.get("stop_signal"):
             print(f"fastrl: stopped by {summary['stop_signal']} at step {summary.get('total_steps', 0)}{where}",
                   file=sys.stderr)
-    except Terminated as e:
-        print(f"fastrl: stopped by {signal.Signals(e.signum).name} during start-up; nothing was saved",
-              file=sys.stderr)
-        STARTUP_INTERRUPT["cut_imports"] = True
-        return 128 + e.signum
     except KeyboardInterrupt:
         print("fastrl: interrupted (Ctrl-C)", file=sys.stderr)
         STARTUP_INTERRUPT["cut_imports"] = True
         return 130
-    except Exception:
+    except (Terminated, Exception) as e:
         # A Ctrl-C that cut an import short (numpy's, inside a library that caught it) surfaces as another error.
-        signum = STARTUP_INTERRUPT["signal"]
+        signum = e.signum if isinstance(e, Terminated) else STARTUP_INTERRUPT["signal"]
         if signum is None:
             raise
-        name = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        print(f"fastrl: {name} during start-up; nothing was saved", file=sys.stderr)
+        print(f"fastrl: {stopped_during_startup(signum)}", file=sys.stderr)
         STARTUP_INTERRUPT["cut_imports"] = True
         return 128 + signum
     finally:

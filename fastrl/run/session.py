@@ -64,7 +64,8 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
     from fastrl.run.console import adjustments, say
     from fastrl.run.loop import run_loop
     from fastrl.run.preflight import check_run
-    from fastrl.run.rundir import agree_run_dir, mark_running, release_run_dir, remove_leftovers, restart_count, rewind_logs
+    from fastrl.run.rundir import (agree_run_dir, mark_running, release_run_dir, remove_leftovers, restart_count,
+                                   rewind_logs)
     check_run(cfg)  # every combination of flags, env and device, before any work starts
     dist_info, device = torchrun.setup(cfg.device)
     finished, run_dir = False, None
