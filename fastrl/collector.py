@@ -28,7 +28,8 @@ class Collector:
 
     def __init__(self, env_or_config=None, agent=None, **overrides):
         from fastrl.api import _fit_to_vector_env, _is_vector_env, _vector_env_of
-        from fastrl.config import YAML_IGNORED, Config, UserError
+        from fastrl.config import Config, UserError
+        from fastrl.defaults import YAML_IGNORED
         from fastrl.envs.registry import env_name
         from fastrl.run.run_config import build_config, config_layer
         from fastrl.run.trainer import Trainer

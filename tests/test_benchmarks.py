@@ -546,7 +546,7 @@ def test_zoo_covers_every_config_and_runs_tiny(tmp_path, monkeypatch, capsys):
     """Every config of configs/ has a row in the zoo or a line saying why not; a tiny 2-seed run writes its row, the
     curves and the table, keeps a finished row on a second run, and RESULTS.md renders it."""
     from benchmarks import report, zoo
-    from fastrl.config import config_names
+    from fastrl.defaults import config_names
     assert set(config_names()) == {r.config for r in zoo.ROWS} | set(zoo.GPU_CONFIGS)
     monkeypatch.setattr(zoo, "QUICK_STEPS", 2048)
     monkeypatch.setattr(zoo, "SB3_TIMING_STEPS", 512)

@@ -290,7 +290,7 @@ def test_other_unrecognized_arguments(argv, needle):
 
 # ------------------------------------------------------------------------------------------ packaged configs
 def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
-    from fastrl.config import config_names, configs_root
+    from fastrl.defaults import config_names, configs_root
     from fastrl.cli.flags import parse_cli
     monkeypatch.chdir(tmp_path)  # away from the repository: names must not depend on the working directory
     names = config_names()

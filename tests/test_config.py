@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from conftest import one_line_error
 from fastrl.cli.flags import build_parser
 from fastrl.cli.flags import parse_cli
-from fastrl.config import (ALGO_DEFAULTS, ALGOS, APPLIES_TO, FIELDS, Config, UserError, algo_default, load_yaml,
-                           make_config)
+from fastrl.config import FIELDS, Config, UserError, algo_default, load_yaml, make_config
+from fastrl.defaults import ALGO_DEFAULTS, ALGOS, APPLIES_TO
 
 INT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is int)
 FLOAT_FIELDS = sorted(n for n, t in typing.get_type_hints(Config).items() if t is float)
@@ -344,7 +344,8 @@ def test_fuzz_per_algorithm_keys(algo, chosen, at_default):
 
 # ------------------------------------------------------------------ the config an env trains with when none is given
 def test_every_tuned_config_named_in_the_table_ships_and_trains_its_env():
-    from fastrl.config import _GYMNASIUM_TWINS, TUNED_CONFIGS, config_names, load_yaml
+    from fastrl.config import load_yaml
+    from fastrl.defaults import _GYMNASIUM_TWINS, TUNED_CONFIGS, config_names
     shipped = set(config_names())
     for algo, table in TUNED_CONFIGS.items():
         for env, name in table.items():
@@ -372,7 +373,7 @@ def test_an_env_with_a_tuned_config_trains_with_it_and_flags_override():
 
 
 def test_an_env_without_one_gets_the_general_default_of_its_action_kind():
-    from fastrl.config import GENERAL_DEFAULTS
+    from fastrl.defaults import GENERAL_DEFAULTS
     from fastrl.run.run_config import build_config
     cfg, _ = build_config({"env": "BipedalWalkerHardcore-v3"})  # continuous, no tuned config
     assert "continuous" in cfg.origin and "BipedalWalkerHardcore-v3" in cfg.origin

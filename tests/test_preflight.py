@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import one_line_error
-from fastrl.config import ACTOR_LEARNER_ALGOS, ALGOS, UserError, make_config
+from fastrl.config import UserError, make_config
+from fastrl.defaults import ACTOR_LEARNER_ALGOS, ALGOS
 from fastrl.learn.models import make_agent
 from fastrl.run import preflight
 from fastrl.run.preflight import check_device, check_launch, check_model, check_precision, check_run, check_run_dir

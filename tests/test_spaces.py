@@ -220,7 +220,7 @@ def test_an_image_env_without_a_tuned_config_gets_a_cnn_and_raw_frames(tmp_path)
 
 
 def test_frozenlake_trains_with_the_general_discrete_default_over_300k_steps():
-    from fastrl.config import GENERAL_DEFAULTS
+    from fastrl.defaults import GENERAL_DEFAULTS
     from fastrl.run.run_config import build_config
     cfg, _ = build_config({"env": "FrozenLake-v1"})
     assert "ppo/frozenlake" in cfg.origin and cfg.total_steps == 300_000 and not cfg.normalize_obs

@@ -10,7 +10,8 @@ import yaml
 from conftest import QUIET, one_line_error, train_main
 
 from fastrl.cli.flags import parse_cli
-from fastrl.config import SHAPE_KEYS, VARY_KEYS, make_config
+from fastrl.config import make_config
+from fastrl.defaults import SHAPE_KEYS, VARY_KEYS
 from fastrl.run.population import member_configs
 from fastrl.run.trainer import Trainer
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from fastrl.config import _TYPES, ALGO_DEFAULTS, FIELDS, Config, UserError, brief, config_names
+from fastrl.config import _TYPES, FIELDS, Config, UserError, brief
+from fastrl.defaults import ALGO_DEFAULTS, config_names
 from fastrl.hints import flag_hint
 from fastrl.run.run_config import build_config
 

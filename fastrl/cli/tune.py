@@ -17,7 +17,7 @@ The base config is ``--config`` and the train flags, as for ``fastrl train``; ``
 **A batch of trials is one population.** ``--batch`` B trials are asked from the study at once (ask-and-tell) and
 trained as one population of B x ``--trial-seeds`` S members in one process (``fastrl.run.trainer.Trainer`` with
 explicit members; member j of a trial has seed ``seed + j``), so a batch costs about one run. The keys members can
-differ in (``fastrl.config.VARY_KEYS``: lr, clip_coef, ent_coef, gamma, gae_lambda, target_kl, ...) are sampled per
+differ in (``fastrl.defaults.VARY_KEYS``: lr, clip_coef, ent_coef, gamma, gae_lambda, target_kl, ...) are sampled per
 trial; any other key of the space (n_envs, n_steps, n_epochs, network sizes, ...) is sampled once per batch, by the
 batch's first trial, and its other trials share those values (enqueued as fixed parameters, the rest sampled by TPE).
 
@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.cli.flags import ArgParser, parse_cli_overrides
-from fastrl.config import (_TYPES, FIELDS, VARY_KEYS, YAML_IGNORED, Config, UserError, _coerce, _unknown_key, brief,
-                           check_applicable)
+from fastrl.config import _TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable
+from fastrl.defaults import VARY_KEYS, YAML_IGNORED
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")

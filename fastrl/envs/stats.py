@@ -73,12 +73,14 @@ class EpisodeStats:
         self.window_start = self.count
 
     def summary(self) -> dict:
+        """``episodes`` (finished so far), ``episode_window_full``, and once ``recent()`` holds any, the window's
+        ``episode_return_mean`` and ``episode_length_mean`` and the last episode's ``episode_return_last``."""
         returns, lengths = self.recent()
-        if returns.numel() == 0:
-            return {"episodes": self.count}
-        return {"episodes": self.count, "episode_return_mean": returns.mean().item(),
-                "episode_return_std": returns.std(unbiased=False).item(),
-                "episode_length_mean": lengths.double().mean().item()}
+        out = {"episodes": self.count, "episode_window_full": returns.numel() == self.window}
+        if returns.numel():
+            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item(),
+                       episode_return_last=self.recent(1)[0].item())
+        return out
 
     def state_dict(self) -> dict:
         return {"returns": self.returns.clone(), "lengths": self.lengths.clone(), "count": self.count}

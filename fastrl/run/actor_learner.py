@@ -242,12 +242,8 @@ class ActorLearnerTrainer(TrainerDefaults):
 
     def episode_summary(self) -> dict:
         """Last-100-episode figures of the episodes the actors' envs finished (the real game score on Atari)."""
-        returns, lengths = self.episodes.recent()
-        if returns.numel() == 0:
-            return {}
-        return {"episode_return_mean": returns.mean().item(), "episode_length_mean": lengths.double().mean().item(),
-                "episode_window_full": returns.numel() == self.episodes.window, "episodes": self.episodes.count,
-                "episode_return_last": self.episodes.recent(1)[0].item()}
+        summary = self.episodes.summary()
+        return summary if "episode_return_mean" in summary else {}
 
     def normalizer_state(self, m: int = 0) -> None:
         return None  # observation/reward normalization is refused for impala/appo (config.validate)

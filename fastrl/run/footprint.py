@@ -19,7 +19,8 @@ import os
 
 import torch
 
-from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
+from fastrl.config import Config, UserError
+from fastrl.defaults import ACTOR_LEARNER_ALGOS
 
 ENV_BYTES = 32 << 10  # per env, beyond its observation buffers
 SCALARS = 10  # per step: reward, done, terminated, value, log-prob, advantage, return, ... as 4-byte numbers

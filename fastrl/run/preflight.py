@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
+from fastrl.config import Config, UserError
+from fastrl.defaults import ACTOR_LEARNER_ALGOS
 from fastrl.envs.batched import probe_env
 from fastrl.run.footprint import check_run_memory
 

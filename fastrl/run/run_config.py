@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 
-from fastrl.config import (CODE_KEYS, FIELDS, GENERAL_DEFAULTS, TUNED_CONFIGS, YAML_IGNORED, Config, UserError,
-                           _coerce, _unknown_key, brief, load_yaml, make_config)
+from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _coerce, _unknown_key, brief, load_yaml, make_config
+from fastrl.defaults import GENERAL_DEFAULTS, TUNED_CONFIGS, YAML_IGNORED
 
 # What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
 # optimizer's state) and the batch shape that the budget's iteration count is measured in.

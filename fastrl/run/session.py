@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from fastrl.config import ACTOR_LEARNER_ALGOS, Config, UserError
+from fastrl.config import Config, UserError
+from fastrl.defaults import ACTOR_LEARNER_ALGOS
 from fastrl.signals import raise_if_interrupted
 
 if TYPE_CHECKING:

@@ -124,10 +124,9 @@ class Trainer:
         self.global_step = 0
         self.timer = Timer()
         self._member_metrics: dict = {}
+        self._views = RolloutViews.of(self.buffer)
         self._plan_compiles()
         self.next_obs = self.env.reset()
-        v = RolloutViews.of(self.buffer)
-        self._views = v
         self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
 
     @property
@@ -140,7 +139,7 @@ class Trainer:
         """Decide, from the config and the shapes alone, what runs compiled (``self.plan``), and build the rollout
         forward, the rollout step and the update calls accordingly."""
         cfg, k = self.cfg, self.n_members
-        # One pure function is the whole iteration where the env steps as one (env_backend torch): fastrl.iteration.
+        # One pure function is the whole iteration where the env steps as one (env_backend torch): fastrl.run.iteration.
         whole = (self.env_mode == "sync" and has_pure_step(self.env) and cfg.algo in ("ppo", "a2c")
                  and not self.use_sde)
         gradient_steps = self.n_iterations * self.spec.n_steps
@@ -154,37 +153,34 @@ class Trainer:
         # compiling it to save 2 s of forwards (2026-12-04).
         rollout_mode = self.rollout_mode = self.plan.rollout
         policy = self.policy
-        self.policy_step = CompiledOrEager(policy.get_action_and_value,
-                                           rollout_mode if self.device.type == "cuda" or k > 1 else "off",
-                                           "the rollout policy forward")
         # Once per rollout: on CPU the eager forward costs less than compiling it (but not a vmapped one).
-        self.bootstrap_value = CompiledOrEager(policy.get_value, rollout_mode if self.device.type == "cuda" or k > 1
-                                               else "off", "the bootstrap value forward")
+        forward_mode = rollout_mode if self.device.type == "cuda" or k > 1 else "off"
+        self.policy_step = CompiledOrEager(policy.get_action_and_value, forward_mode, "the rollout policy forward")
+        self.bootstrap_value = CompiledOrEager(policy.get_value, forward_mode, "the bootstrap value forward")
+        update_mode, per_call = self.plan.update, self.plan.steps_per_call
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, whole or update_mode != "off",
+                                        self.agent, torchrun.rank_mean() if self.dist.enabled else None)
+        self.rollout_step = None
         if whole:
             return self._plan_iteration()
-        self.rollout_step = None
         if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
-            self.rollout_step = CompiledRolloutStep(policy, RolloutViews.of(self.buffer), rollout_mode,
-                                                    self.draw_noise)
-        update_mode, per_call = self.plan.update, self.plan.steps_per_call
-        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent,
-                                        torchrun.rank_mean() if self.dist.enabled else None)
+            self.rollout_step = CompiledRolloutStep(policy, self._views, rollout_mode, self.draw_noise)
         self.steps_per_call = per_call
         spec = self.spec
         self._epoch_ends = {first: epoch_end_mask(first, min(per_call, spec.n_steps - first), spec.n_minibatches,
                                                   self.device) for first in range(0, spec.n_steps, per_call)}
         self.update_call = CompiledOrEager(self._update_chunk, update_mode, f"the {cfg.algo} update", fullgraph=True)
-        # CUDA graphs (reduce-overhead) replay fixed addresses: the state the update writes in place is marked static.
-        if update_mode == "reduce-overhead" and self.device.type == "cuda":
+        self._mark_static(update_mode)
+
+    def _mark_static(self, mode: str) -> None:
+        """CUDA graphs (reduce-overhead) replay fixed addresses: the state the update writes in place is marked static."""
+        if mode == "reduce-overhead" and self.device.type == "cuda":
             for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
                 torch._dynamo.mark_static_address(tensor)
 
     def _plan_iteration(self) -> None:
         """The run's ``fastrl.run.iteration.Iteration``, compiled whole (``self.plan``'s mode) or eager."""
         mode = self.rollout_mode = self.plan.update
-        self.rollout_step = None
-        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, self.n_members, True, self.agent,
-                                        torchrun.rank_mean() if self.dist.enabled else None)
         self.steps_per_call = self.spec.n_steps
         loops, scans = (Iteration(self.layout, getattr(self.env, "env", self.env).pure_step, self.update_fn,
                                   self.cfg.n_steps, self.spec.n_minibatches, self.autocast, scan=scan)
@@ -192,9 +188,7 @@ class Trainer:
         self.iteration_call = CompiledOrEager(scans if mode != "off" else loops, mode, "the training iteration",
                                               fullgraph=True, eager=loops)
         self.update_call = self.iteration_call  # what tests and summaries ask about: compiled or not
-        if mode == "reduce-overhead" and self.device.type == "cuda":
-            for tensor in (self.params, *self.opt_state.values(), *self.hparams.values()):
-                torch._dynamo.mark_static_address(tensor)
+        self._mark_static(mode)
 
     def _iterate(self) -> None:
         """One whole iteration (``fastrl.run.iteration``): draw its random numbers, call it, and write its new state
@@ -212,9 +206,7 @@ class Trainer:
                  "reset_uniform": torch.stack([torch.rand(t, n, env.spec.reset_draws, dtype=torch.float64, generator=g)
                                                for g in env.member_generators])}
         if self.cfg.algo != "a2c":
-            spec = self.spec
-            draws["minibatch_index"] = torch.stack([minibatch_index(t * n, spec.n_epochs, spec.n_minibatches, g, device)
-                                                    for g in self.minibatch_generators])
+            draws["minibatch_index"] = self._minibatch_indices(t * n)
         draws = {key: value.to(device, non_blocking=True) for key, value in draws.items()}
         new_state, metrics = self.iteration_call(state, self.hparams, draws)
         self.params.copy_(new_state["params"])
@@ -356,7 +348,6 @@ class Trainer:
     def update(self) -> dict:
         """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
         ``member_rows`` has each member's)."""
-        cfg = self.cfg
         if self.iteration_call is not None:  # collect() ran the whole iteration
             metrics = self._iteration_metrics
             per_member = {f"losses/{key}": value for key, value in metrics.items() if key != "explained_variance"}
@@ -367,18 +358,18 @@ class Trainer:
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
             self._advantages(batch)
             inputs = tuple(self._member_major(batch[key]) for key in LOSS_KEYS)
-            size = inputs[0].shape[1]
-            spec = self.spec
-            index = None
-            if cfg.algo != "a2c":
-                index = torch.stack([minibatch_index(size, spec.n_epochs, spec.n_minibatches, g, self.device)
-                                     for g in self.minibatch_generators])
+            index = self._minibatch_indices(inputs[0].shape[1]) if self.cfg.algo != "a2c" else None
             sums = self.minibatch_steps(inputs, index)
             per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
             valid = self._member_major(batch["valid"]).float()
             per_member["losses/explained_variance"] = explained_variance(
                 self._member_major(batch["state_value"]), self._member_major(batch["value_target"]), valid, dim=-1)
         return self._finish_update(per_member)
+
+    def _minibatch_indices(self, size: int) -> torch.Tensor:
+        """Each member's minibatch rows of a ``size``-row batch, ``[K, n_epochs * n_minibatches, mb]``."""
+        return torch.stack([minibatch_index(size, self.spec.n_epochs, self.spec.n_minibatches, g, self.device)
+                            for g in self.minibatch_generators])
 
     def _finish_update(self, per_member: dict) -> dict:
         per_member["charts/learning_rate"] = self.hparams["lr"].float()
@@ -438,12 +429,7 @@ class Trainer:
 
     def member_episode_summary(self, m: int) -> dict:
         """Member m's last-100-episode figures."""
-        returns, lengths = self.member_stats(m).recent()
-        out = {"episodes": self.member_stats(m).count, "episode_window_full": returns.numel() == self.member_stats(m).window}
-        if returns.numel():
-            out.update(episode_return_mean=returns.mean().item(), episode_length_mean=lengths.double().mean().item(),
-                       episode_return_last=self.member_stats(m).recent(1)[0].item())
-        return out
+        return self.member_stats(m).summary()
 
     def episode_summary(self) -> dict:
         """Recent-episode statistics: for K > 1 the means over members, with ``episode_return_min`` (the loop's

@@ -1,0 +1,18 @@
+"""What a user error is, and how a value shows in one. Imports nothing of fastrl: every layer raises it, and the
+command line prints it as one line without a traceback (documented as ``fastrl.config.UserError``)."""
+import reprlib
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: reported as one line, never with a traceback."""
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 6, 6, 80, 80
+
+
+def brief(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, without expanding it first (an alias bomb's value is
+    billions of items deep in references): what error messages show of a value."""
+    text = _BRIEF.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
