@@ -13,7 +13,7 @@ config itself. The names below are imported on first use, so ``import fastrl`` s
 The map: data flows left to right, and a package imports only those to its left (``fastrl.kernels``: torch only)::
 
     config -> envs -> learn -> distributed -> run -> api, collector -> cli, train
-    config.py     the typed Config, YAML + keys; beside it defaults, errors, names, signals, hints, bounded_yaml, _startup
+    config.py     the typed Config; beside it defaults, errors, names, signals, hints, bounded_yaml, _startup
     envs/         EnvPool, Gymnasium, TorchRL and torch-native envs, their spaces, the rollout buffer they fill
     learn/        models, losses, optimizers, the pure update (given envs' observation shapes and action specs)
     distributed/  torchrun ranks, IMPALA/APPO actor processes and Ray actors, async collection, seeds

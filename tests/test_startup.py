@@ -11,8 +11,8 @@ import pytest
 from conftest import QUIET
 
 # Modules a run that compiles nothing, logs to neither TensorBoard nor wandb and uses no Ray/actors never needs.
-UNUSED_ON_THE_DEFAULT_PATH = ("torch._dynamo", "wandb", "tensorboard", "torch.utils.tensorboard", "fastrl.distributed.ray_actors",
-                              "fastrl.distributed.actors", "ray")
+UNUSED_ON_THE_DEFAULT_PATH = ("torch._dynamo", "wandb", "tensorboard", "torch.utils.tensorboard", "ray",
+                              "fastrl.distributed.ray_actors", "fastrl.distributed.actors", "fastrl.run.actor_learner")
 
 
 def _python(code: str) -> str:
