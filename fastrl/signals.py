@@ -93,6 +93,10 @@ def restore_handlers(previous: dict) -> None:
     _STATE["signal"] = None
 
 
+# signal: the stop signal that came during start-up (None: none); cut_imports: it cut the imports short.
+STARTUP_INTERRUPT = {"signal": None}
+
+
 def run_as_process(main_function, *args) -> int:
     """``main_function(*args)`` as the whole process's work: returns its exit status."""
     status = main_function(*args)
@@ -103,9 +107,6 @@ def run_as_process(main_function, *args) -> int:
         sys.stderr.flush()
         os._exit(status)
     return status
-
-
-STARTUP_INTERRUPT = {"signal": None}
 
 
 def _where_an_interrupt_must_wait(frame) -> bool:
@@ -155,7 +156,7 @@ def install_startup_interrupt() -> dict:
     STARTUP_INTERRUPT["signal"] = None
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.signal(sig, _startup_interrupt) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    return {sig: signal.signal(sig, _startup_interrupt) for sig in STOP_SIGNALS}
 
 
 def raise_if_interrupted() -> None:
