@@ -5,6 +5,7 @@ import reprlib
 
 class UserError(Exception):
     """A mistake in what the user asked for: reported as one line, never with a traceback."""
+    __module__ = "fastrl.config"  # its documented home, as tracebacks and pickles name it
 
 
 _BRIEF = reprlib.Repr()
