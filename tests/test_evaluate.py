@@ -154,7 +154,7 @@ def test_stop_signal_ends_the_evaluation_between_two_steps():
 
 def test_a_labelled_evaluation_reports_progress(capsys, monkeypatch):
     import sys
-    module = sys.modules["fastrl.evaluate"]  # the module, not fastrl.evaluate()
+    module = sys.modules["fastrl.run.evaluate"]
     monkeypatch.setattr(module, "PROGRESS_EVERY_S", 0.0)
     monkeypatch.setattr(module, "time", ManualClock())  # no time passes: "(0 s)" whatever the machine's speed
     evaluate(LeanPolicy(BALANCING), _cfg(), None, 2, 1, CPU, max_steps=3, label="final evaluation")
