@@ -119,6 +119,8 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
                 rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
                 mark_running(run_dir, trainer.global_step)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
+        from fastrl._startup import end_collector_pause
+        end_collector_pause()
         summary = run_loop(trainer, run_dir, dist_info, callbacks)
         finished = True
         return summary
@@ -130,8 +132,14 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
 
 # --------------------------------------------------------------------------- the command line's process
 def run_as_process(main_function, *args) -> int:
-    """``main_function(*args)`` as the whole process's work: returns its exit status."""
-    status = main_function(*args)
+    """``main_function(*args)`` as the whole process's work: returns its exit status (the collector paused for the
+    start-up and settled for the exit: ``fastrl._startup``)."""
+    from fastrl._startup import pause_collector, settle_collector_for_exit
+    pause_collector()
+    try:
+        status = main_function(*args)
+    finally:
+        settle_collector_for_exit()
     if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and _STARTUP_INTERRUPT.get("cut_imports"):
         # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.
