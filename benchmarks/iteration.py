@@ -102,27 +102,35 @@ def main(argv=None) -> int:
     report = {"benchmark": "iteration", "machine": machine_info(), "runs": args.runs, "load_average_start":
               load_average(), "command": "python -m benchmarks.iteration " + " ".join(argv or sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "parts": {}}
-    rows = []
     for part, contenders in parts(args.parts, args.jax_python).items():
         samples = {name: [] for name in contenders}
         for _ in range(args.runs):
             for name, run in contenders.items():
                 samples[name].append(run())
                 print(f"[{part}] {name}: {samples[name][-1]['process_s']:.1f} s", file=sys.stderr, flush=True)
-        base = statistics.median(s["process_s"] for s in samples[next(iter(contenders))])
         report["parts"][part] = samples
+    report["load_average_end"] = load_average()
+    path = write_json(report, args.out or default_out("iteration"))
+    print("\n".join(section(report)))
+    print(f"JSON: {path}")
+    return 0
+
+
+def section(report: dict) -> list:
+    """The Markdown table of a report: per part and contender, the median process seconds, the ratio to the part's
+    first contender, and the final evaluations' median and minimum over every run (and member)."""
+    rows = []
+    for part, samples in report["parts"].items():
+        base = statistics.median(s["process_s"] for s in next(iter(samples.values())))
         for name, runs in samples.items():
             median = statistics.median(s["process_s"] for s in runs)
             evals = [e for s in runs for e in s["final_eval"] if e is not None]
-            rows.append([part, name, f"{median:.1f}", f"{median / base:.2f}x",
+            rows.append([part, name, len(runs), f"{median:.1f}", f"{median / base:.2f}x",
                          f"{statistics.median(evals):.1f}" if evals else "-", f"{min(evals):.1f}" if evals else "-"])
-    report["load_average_end"] = load_average()
-    path = write_json(report, args.out or default_out("iteration"))
-    print(markdown_table(["part", "contender", "median process s", "ratio", "median final eval", "min final eval"],
-                         rows))
-    print(f"load average at the start {report['load_average_start']}, at the end {report['load_average_end']}; "
-          f"JSON: {path}")
-    return 0
+    return [f"`{report['command']}`, {report['date']}, {report['machine'].get('cpu_model', '')} ({report['machine'].get('machine', '')}); load average at the "
+            f"start {report['load_average_start']}, at the end {report['load_average_end']}.", "",
+            markdown_table(["part", "contender", "runs", "median process s", "ratio", "median final eval",
+                            "min final eval"], rows)]
 
 
 if __name__ == "__main__":
