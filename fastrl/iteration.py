@@ -33,7 +33,6 @@ from contextlib import nullcontext
 from functools import partial
 
 import torch
-from torch.func import vmap
 
 from fastrl.ppo import explained_variance
 from fastrl.update import LOSS_KEYS, Update, epoch_end_mask, finish_metrics, members_call
