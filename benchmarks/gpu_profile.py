@@ -13,6 +13,9 @@
    and 256 envs; env steps/s over a fixed number of iterations after the warm-up (which includes compiling). The
    minibatch size is the same at every n_envs, so the update graph compiles to the same shapes.
 3. PPO on CartPole-v1 (configs/ppo/cartpole.yaml): env steps/s eager, compiled and compiled + CUDA graphs.
+4. The whole iteration as one function (``fastrl.run.iteration``: rollout, GAE and every minibatch step) on the
+   torch-native CartPole at PureJaxRL's config (configs/ppo/cartpole_purejaxrl.yaml), 4 and 2,048 envs: eager,
+   compiled, and compiled + CUDA graphs (one graph replay per iteration).
 
 The whole run keeps to ``--budget-s`` (default 450 s, under 8 minutes with start-up): a variant that would not fit
 in what is left is skipped with the reason recorded, as is one that fails (its error's first line); the rest go on.
@@ -188,9 +191,9 @@ def bench_kernels(device: torch.device, shapes: list, timing_s: float, min_reps:
 
 # ---------------------------------------------------------------------------------------------- end to end
 def rollout_compiled(trainer) -> bool:
-    """Whether the rollout's policy step runs compiled: ``CompiledRolloutStep`` (CPU, sync envs) or else the
-    compiled policy forward."""
-    step = trainer.rollout_step if trainer.rollout_step is not None else trainer.policy_step
+    """Whether the rollout's policy step runs compiled: the whole iteration's function (env_backend torch),
+    ``CompiledRolloutStep`` (CPU, sync envs) or else the compiled policy forward."""
+    step = next(s for s in (trainer.iteration_call, trainer.rollout_step, trainer.policy_step) if s is not None)
     return bool(step.compiled)
 
 
@@ -280,9 +283,11 @@ def tasks(dry_run: bool) -> dict:
     if dry_run:
         atari = dict(n_envs=[4], n_steps=4, n_epochs=1, minibatch_size=8, warmup_iterations=1, iterations=1)
         cartpole = dict(n_envs=[4], n_steps=8, n_epochs=1, warmup_iterations=1, iterations=1)
+        whole = dict(n_envs=[4], n_steps=8, warmup_iterations=1, iterations=1)
     else:
         atari = dict(n_envs=[64, 256], n_steps=64, n_epochs=2, minibatch_size=1024, warmup_iterations=2, iterations=3)
         cartpole = dict(n_envs=[8], n_steps=32, n_epochs=20, warmup_iterations=3, iterations=10)
+        whole = dict(n_envs=[4, 2048], n_steps=128, warmup_iterations=2, iterations=20)
     return {
         "atari": {"env": "Breakout-v5", "yaml": str(REPO / "configs/ppo/atari.yaml"), "amps": ["off", "bf16"],
                   "n_envs": atari["n_envs"], "minibatch_size": atari["minibatch_size"],
@@ -292,6 +297,9 @@ def tasks(dry_run: bool) -> dict:
                      "n_envs": cartpole["n_envs"], "warmup_iterations": cartpole["warmup_iterations"],
                      "iterations": cartpole["iterations"],
                      "base": {"n_steps": cartpole["n_steps"], "n_epochs": cartpole["n_epochs"], "n_minibatches": 1}},
+        "iteration": {"env": "CartPole-v1 (torch env)", "yaml": str(REPO / "configs/ppo/cartpole_purejaxrl.yaml"),
+                      "amps": ["off"], "n_envs": whole["n_envs"], "warmup_iterations": whole["warmup_iterations"],
+                      "iterations": whole["iterations"], "base": {"n_steps": whole["n_steps"]}},
     }
 
 
@@ -309,7 +317,10 @@ def summary_markdown(report: dict) -> str:
           f"{r['speedup_vs_torch']:.1f}x"] for r in report["kernels"]]))
     for backend, reason in report["kernels_skipped"].items():
         lines.append(f"\n{backend}: skipped ({reason})")
-    for key, title in (("atari", "PPO on Breakout-v5, env steps/s"), ("cartpole", "PPO on CartPole-v1, env steps/s")):
+    for key, title in (("atari", "PPO on Breakout-v5, env steps/s"), ("cartpole", "PPO on CartPole-v1, env steps/s"),
+                       ("iteration", "The whole iteration (torch-native CartPole, PureJaxRL's config), env steps/s")):
+        if key not in report:  # a report written before the row existed
+            continue
         lines += ["", f"### {title}", ""]
         lines.append(markdown_table(
             ["variant", "steps/s", "x eager", "warm-up s", "compiled (rollout/update)", "note"],
@@ -341,14 +352,17 @@ def run(dry_run: bool, budget_s: float, modes: tuple = MODE_NAMES,
         atari = bench_task(plan["atari"], device, budget, reserve_s=0.0 if dry_run else 60.0, dry_run=dry_run,
                            modes=modes, n_envs_only=n_envs_only)
         print("# PPO on CartPole-v1", flush=True)
-        cartpole = bench_task(plan["cartpole"], device, budget, reserve_s=0.0, dry_run=dry_run, modes=modes)
+        cartpole = bench_task(plan["cartpole"], device, budget, reserve_s=0.0 if dry_run else 60.0,
+                              dry_run=dry_run, modes=modes)
+        print("# the whole iteration: CartPole-v1 on the torch env, PureJaxRL's config", flush=True)
+        iteration = bench_task(plan["iteration"], device, budget, reserve_s=0.0, dry_run=dry_run, modes=modes)
     return {"benchmark": "gpu_profile", "dry_run": dry_run, "device": str(device), "machine": machine,
             "budget_s": budget_s, "elapsed_s": budget_s - budget.left(),
             "compile_backend": "eager (dry run: dynamo traces, no inductor code generation)" if dry_run else "inductor",
             "device_bandwidth": bandwidth, "copy_gbps": copy_gbps, "kernels": kernel_rows,
             "kernels_skipped": kernels_skipped, "settings": {k: {kk: vv for kk, vv in v.items() if kk != "yaml"}
                                                              for k, v in plan.items()},
-            "atari": atari, "cartpole": cartpole}
+            "atari": atari, "cartpole": cartpole, "iteration": iteration}
 
 
 def main(argv=None) -> int:

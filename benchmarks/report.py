@@ -363,6 +363,11 @@ def gpu_profile_recheck_section(report: dict) -> list:
     return lines
 
 
+def iteration_section(report: dict) -> list:
+    from benchmarks.iteration import __doc__ as doc, section
+    return [" ".join(doc.split("\n\n")[2:4]).replace("\n", " "), "", *section(report)]
+
+
 SECTIONS = {  # part -> (heading, builder)
     "peers": ("fastrl against Stable-Baselines3", peers_section),
     "peers_sb3_zoo": ("SB3 like for like, at the zoo's CartPole settings", sb3_zoo_section),
@@ -381,6 +386,7 @@ SECTIONS = {  # part -> (heading, builder)
     "default_process": ("The default command's process time, tree against tree", default_process_section),
     "population": ("Population training (many seeds in one process)", population_section),
     "zoo": ("The zoo: tuned configs at the RL Zoo's budgets, several seeds", zoo_section),
+    "iteration": ("The whole iteration against rejax (PureJaxRL's CartPole config)", iteration_section),
     "gpu_profile": ("GPU profile: kernels, PPO on Atari and CartPole", gpu_profile_section),
     "gpu_profile_recheck": ("GPU profile: CUDA graphs re-checked", gpu_profile_recheck_section),
 }

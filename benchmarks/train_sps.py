@@ -123,18 +123,14 @@ class SB3Contender:
 
 
 def sb3_unavailable(env_id: str, backend: str) -> str | None:
-    """Why SB3 cannot run ``env_id`` on ``backend`` here, or None."""
+    """Why SB3 cannot run ``env_id`` on ``backend`` here, or None (on ``gym``: ``peers_common``'s check)."""
+    if backend == "gym":
+        from benchmarks.peers_common import sb3_unavailable as gym_unavailable
+        return gym_unavailable(env_id)
     try:
         import stable_baselines3  # noqa: F401
     except ImportError:
-        return "stable-baselines3 is not installed (pip install stable-baselines3)"
-    if backend == "gym":
-        import gymnasium
-        gym_id = GYM_IDS.get(env_id, env_id)
-        try:
-            gymnasium.make(gym_id).close()
-        except Exception as e:  # missing Box2D / pygame, unknown id
-            return f"gymnasium.make({gym_id!r}) failed: {str(e).splitlines()[0]}"
+        return "stable-baselines3 is not installed (pip install -e '.[bench]')"
     return None
 
 

@@ -86,6 +86,7 @@ ROWS = (
     ZooRow("ppo/cartpole", 100_000, 500.0, "CartPole-v1",
            zoo_settings=(("n_envs", 8), ("n_steps", 32), ("n_epochs", 20), ("n_minibatches", 1), ("lr", 1e-3))),
     ZooRow("ppo/cartpole_zoo", 100_000, 500.0, "CartPole-v1"),
+    ZooRow("ppo/cartpole_purejaxrl", 500_000, 500.0, "CartPole-v1"),  # PureJaxRL's config, the torch-native env
     ZooRow("ppo/acrobot", 1_000_000, -73.5, "Acrobot-v1"),
     ZooRow("ppo/mountaincar", 1_000_000, -110.0, "MountainCar-v0"),
     ZooRow("ppo/mountaincar_continuous", 300_000, None, "MountainCarContinuous-v0"),

@@ -13,16 +13,28 @@ undone                                                 with (s)        without (
 installed, as ``pip install -e '.[jax]'`` does)
 =====================================================  ==============  ==============  ==================
 
-Without JAX installed (the default install) ``import_envpool`` saves nothing and costs nothing. Measured at the same
-time and removed: a collector paused for the start-up and frozen before the exit (saving 1.11 / 0.08 s) and
-``envpool.jumanji``'s code deferred to the first Jumanji env (1.21 / 0.14 s): not clearly above 0.3 s, nor
-obviously above 1 s. A trick that saves less than 0.3 s is not kept. None of this changes what a run computes.
+Without JAX installed (the default install) ``import_envpool``'s JAX block saves nothing and costs nothing.
+
+Two more, first measured in that noisy series as 1.11 / 0.08 s and 1.21 / 0.14 s and removed, then measured again
+side by side at 23:05-23:10 UTC (1-minute load 1.35-1.85 at the start; ``python -m benchmarks.default_process
+--trees A B --runs 2 --seeds 1``, the default command, medians): without them the start-up and tear-down around the
+training took 7.27 s against 4.63 s, and putting back the collector pause alone took it to 6.18 s. They are back:
+
+- ``envpool.jumanji``'s code deferred to the first Jumanji env (``import_envpool``): importing EnvPool took 2.27 s
+  with it, 3.37 s without (its renderer imports matplotlib.pyplot): about 1.1 s.
+- the collector paused for the start-up, what exists frozen when the run loop starts, everything frozen again before
+  the exit (``pause_collector``, ``end_collector_pause``, ``settle_collector_for_exit``): about 1.1 s of the
+  default command (full collections over the million start-up objects, and the interpreter's last one at exit).
+
+None of this changes what a run computes.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
+import types
 
 # --------------------------------------------------------------------------- tensordict without torch._dynamo
 # The torch.compiler functions TensorDict calls at import time; each marks its argument and returns it.
@@ -93,15 +105,87 @@ def import_tensordict():
 def import_envpool():
     """``import envpool`` without JAX, which EnvPool imports for an optional XLA interface fastrl never uses: while
     EnvPool loads, ``import jax`` fails, which EnvPool takes as "no XLA". A JAX the process already imported is left
-    alone, and JAX imports normally afterwards."""
+    alone, and JAX imports normally afterwards. ``envpool.jumanji``'s body runs on first use (``_DeferredPackage``):
+    registering the Jumanji ids needs only the package's path."""
     if "envpool" in sys.modules:
         return sys.modules["envpool"]
     blocked = "jax" not in sys.modules
     if blocked:
         sys.modules["jax"] = None  # a None entry makes `import jax` raise ImportError
+    deferred = _defer_package("envpool.jumanji")
     try:
         import envpool
+    except BaseException:
+        if deferred is not None and sys.modules.get("envpool.jumanji") is deferred:
+            del sys.modules["envpool.jumanji"]
+        raise
     finally:
         if blocked and "jax" in sys.modules and sys.modules["jax"] is None:
             del sys.modules["jax"]
+    if deferred is not None and not hasattr(envpool, "jumanji"):
+        envpool.jumanji = deferred  # the binding an ordinary import of the package makes
     return envpool
+
+
+class _DeferredPackage(types.ModuleType):
+    """A package module whose ``__init__`` code has not run yet: its submodules import through its ``__path__``; the
+    first attribute it lacks runs that code in it (so ``from package import X`` and ``getattr`` work as usual)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # the import system's and pickle's probes: no reason to load anything
+            raise AttributeError(name)
+        self.__class__ = types.ModuleType  # plain from here on, also if the package's code raises
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+def _defer_package(name: str):
+    """Put ``name`` (a package not imported yet) into ``sys.modules`` as a ``_DeferredPackage``; None if it is
+    imported already or cannot be found (the import then goes as usual)."""
+    if name in sys.modules:
+        return None
+    parent = name.rpartition(".")[0]
+    try:
+        parent_spec = importlib.util.find_spec(parent)
+        locations = parent_spec.submodule_search_locations if parent_spec else None
+        spec = importlib.machinery.PathFinder.find_spec(name, locations) if locations else None
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    module.__class__ = _DeferredPackage
+    sys.modules[name] = module
+    return module
+
+
+# --------------------------------------------------------------------------- the collector around start-up and exit
+_COLLECTOR = {"paused": False}
+
+
+def pause_collector() -> None:
+    """The command line's process starts: no full collections while start-up builds its long-lived objects."""
+    import gc
+    if gc.isenabled():
+        gc.disable()
+        _COLLECTOR["paused"] = True
+
+
+def end_collector_pause() -> None:
+    """The run loop starts: the collector runs again (if ``pause_collector`` paused it), over new objects only."""
+    if _COLLECTOR["paused"]:
+        import gc
+        _COLLECTOR["paused"] = False
+        gc.freeze()
+        gc.enable()
+
+
+def settle_collector_for_exit() -> None:
+    """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where a
+    nanobind extension is loaded (Triton's), unfreeze instead: nanobind reports each of its objects still alive at
+    exit as a leak, a screen of stderr."""
+    import gc
+    if "triton" in sys.modules:
+        gc.unfreeze()
+    else:
+        gc.freeze()

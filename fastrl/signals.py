@@ -98,8 +98,14 @@ STARTUP_INTERRUPT = {"signal": None}
 
 
 def run_as_process(main_function, *args) -> int:
-    """``main_function(*args)`` as the whole process's work: returns its exit status."""
-    status = main_function(*args)
+    """``main_function(*args)`` as the whole process's work: returns its exit status (the collector paused for the
+    start-up and settled for the exit: ``fastrl._startup``)."""
+    from fastrl._startup import pause_collector, settle_collector_for_exit
+    pause_collector()
+    try:
+        status = main_function(*args)
+    finally:
+        settle_collector_for_exit()
     if status in (130, 128 + signal.SIGTERM, 128 + signal.SIGHUP) and STARTUP_INTERRUPT.get("cut_imports"):
         # A Ctrl-C that cut the start-up short can leave an extension half imported, whose teardown at interpreter
         # exit prints pages (nanobind's leak report for triton): the one line is out, and nothing was saved yet.

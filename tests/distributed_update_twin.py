@@ -18,7 +18,9 @@ from fastrl.learn.update import LOSS_KEYS, minibatch_index
 from fastrl.run.trainer import Trainer
 
 ROWS = 64  # per rank
-CONFIG = {"env": "CartPole-v1", "env_backend": "torch", "n_envs": 8, "n_steps": 16, "n_epochs": 2,
+# EnvPool's CartPole: a torch-native env would take the whole-iteration path (fastrl.iteration), not the update calls
+# this twin drives.
+CONFIG = {"env": "CartPole-v1", "env_backend": "envpool", "n_envs": 8, "n_steps": 16, "n_epochs": 2,
           "n_minibatches": 2, "norm_adv": False, "target_kl": 0.1, "progress": False,
           # long enough that a compiled update runs 2 steps (one epoch) per call (fastrl.run.compile.target_steps_per_call)
           "total_steps": 8 * 16 * 20_000}

@@ -505,7 +505,8 @@ def test_gpu_profile_dry_run(tmp_path):
     assert all(r["us"] > 0 and r["gbps"] > 0 and r["of_copy"] > 0 and r["of_peak"] is None for r in kernels.values())
     for task, variants in (("atari", {"eager / bf16 off / 4 envs", "eager / bf16 on / 4 envs",
                                       "compiled / bf16 off / 4 envs"}),
-                           ("cartpole", {"eager / bf16 off / 4 envs", "compiled / bf16 off / 4 envs"})):
+                           ("cartpole", {"eager / bf16 off / 4 envs", "compiled / bf16 off / 4 envs"}),
+                           ("iteration", {"eager / bf16 off / 4 envs", "compiled / bf16 off / 4 envs"})):
         rows = {r["variant"]: r for r in report[task]}
         ran = {name for name, r in rows.items() if r["status"] == "ok"}
         assert ran == variants, {name: r.get("reason") for name, r in rows.items()}

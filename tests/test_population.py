@@ -120,11 +120,10 @@ def test_a2c_members_with_rmsprop_equal_their_single_runs():
 
 
 def test_fused_torch_env_members_equal_their_single_runs(aot_eager):
-    """env_backend torch, compiled: the env step inside the rollout graph, vmapped over members."""
+    """env_backend torch, compiled: the whole iteration one graph (fastrl.iteration), members vmapped in its scans."""
     pop = _one_iteration(make_config({**SMALL, "env": "CartPole-v1", "env_backend": "torch", "compile": "default",
                                       "seed": 4, "n_seeds": 2}))
-    assert pop.rollout_step is not None and pop.rollout_step.fused and pop.rollout_step.compiled
-    assert pop.update_call.compiled
+    assert pop.iteration_call is not None and pop.iteration_call.compiled
     _assert_members_equal_single_runs(pop, compile_mode="default", atol=1e-5)
 
 

@@ -395,9 +395,9 @@ class Update:
         params, opt_state, grad_norm, nonfinite, applied = self.apply(params, opt_state, grad, loss, hparams,
                                                                       keep=active)
         stats = {**stats, "grad_norm": grad_norm}
-        sums = dict(sums)
+        sums, zero = dict(sums), torch.zeros_like(sums["n_updates"])
         for key in stat_names(self.spec.algo):  # where, not a product: a skipped step's NaN must not reach the sums
-            sums[key] = sums[key] + torch.where(applied, stats[key].float(), torch.zeros_like(sums[key]))
+            sums[key] = sums[key] + torch.where(applied, stats[key].float(), zero)
         sums["n_updates"] = sums["n_updates"] + applied.float()
         sums["nonfinite_updates"] = sums["nonfinite_updates"] + (nonfinite & active).float()
         if self.spec.target_kl > 0:  # a population's limit is per member (hparams), 0 for a member without one

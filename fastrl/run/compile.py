@@ -38,8 +38,12 @@ CPU_HAND_GRADIENT_COMPILE_MIN_GRADIENT_STEPS = 30_000
 # From how many rollout steps per env (total_steps / n_envs) compiling the rollout step pays on CPU: the compiled step
 # saves 60-90 us per step and compiles in about 10 s cold.
 CPU_ROLLOUT_COMPILE_MIN_STEPS = 150_000
-# From how many iterations compiling the whole iteration (``fastrl.run.iteration``, env_backend torch) pays on CPU.
-CPU_ITERATION_COMPILE_MIN_ITERATIONS = 200
+# From how many iterations compiling the whole iteration (``fastrl.run.iteration``, env_backend torch) pays on CPU. Its
+# scans are never cached by inductor ("can't cache HigherOrderOperator: scan"), so every process compiles them cold:
+# about 20 s for one CartPole agent at PureJaxRL's config (4 envs x 128 steps, 4 x 4 minibatches), 27-40 s for 4-16
+# members, against 174 ms an iteration eager and 24 ms compiled (2-core AMD EPYC, 1 thread, 2026-12-06): break-even
+# near 135 iterations.
+CPU_ITERATION_COMPILE_MIN_ITERATIONS = 150
 # How many minibatch gradient steps one compiled update call runs (unrolled in one graph): each call costs a prologue
 # (Python, Dynamo, AOT), each unrolled step adds compile time. Measured on the 2-core CPU (3 Acrobot members, 64x64
 # MLPs, minibatch 64, cold inductor cache, 2026-12-04): the first update call took 17.2 / 22.0 / 32.0 / 56.0 s at

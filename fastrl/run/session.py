@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from fastrl.config import Config, UserError
 from fastrl.defaults import ACTOR_LEARNER_ALGOS
+from fastrl._startup import end_collector_pause
 from fastrl.signals import raise_if_interrupted
 
 if TYPE_CHECKING:
@@ -90,6 +91,7 @@ def run(cfg: Config, resume_state: dict | None = None, callbacks=(), members: li
                 rewind_logs(run_dir, trainer.global_step, drop_final_eval=trainer.finished())
                 mark_running(run_dir, trainer.global_step)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed during start-up still ends the run here
+        end_collector_pause()
         summary = run_loop(trainer, run_dir, dist_info, callbacks, agent_type)
         finished = True
         return summary

@@ -262,8 +262,10 @@ class Trainer:
         """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item().
         Where the iteration is one function (``iteration_call``), the whole iteration, update included."""
         if self.iteration_call is not None:
+            # The rollout's thread count: PureJaxRL's config compiled, 1 member ran 24 ms an iteration on 1 thread
+            # and 38 on 2; 4 members 42 and 34, 16 members 135 and 80 (2-core AMD EPYC, 2026-12-06).
             with self.timer.section("iteration"), skip_guards(self._warm_compiled()), \
-                    torch_threads(self.update_threads):
+                    torch_threads(self.collect_threads):
                 self._iterate()
             return True
         with self.timer.section("collect"), torch.no_grad(), skip_guards(self._warm_compiled()):
