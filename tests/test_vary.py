@@ -153,7 +153,7 @@ def test_the_run_rows_of_several_variants_hold_no_mean_across_them(two_variants)
     run_dir, _ = two_variants
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     run_rows = [r for r in rows if "member" not in r]
-    assert run_rows and all(k == "global_step" or k.startswith(("charts/SPS", "time/")) for r in run_rows for k in r)
+    assert run_rows and all(k == "global_step" or k.startswith(("charts/SPS", "time/", "perf/")) for r in run_rows for k in r)
     member_rows = [r for r in rows if "member" in r and "charts/episodic_return" in r]
     assert {r["variant"] for r in member_rows} == {"lr=0.001", "lr=0.0005"}  # the figures are per member
 

@@ -46,8 +46,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if summary.get("run_dir"):
-        shown = {k: summary[k] for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean",
-                                         "run_dir")}
+        shown = {k: summary[k]
+                 for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}
+        shown.update({k: v for k, v in summary.items() if k.startswith("perf/")})  # CPU, memory, GPU: run figures
+        shown["run_dir"] = summary["run_dir"]
         if "variants" in summary:  # per variant, over its seeds: never a mean across variants
             del shown["episode_return_mean"], shown["eval_return_mean"]
             shown["variants"] = {v["variant"]: {key: {s: v[key][s] for s in ("mean", "median", "iqm")}

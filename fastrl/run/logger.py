@@ -137,7 +137,7 @@ def write_tensorboard(writer, record: dict, step: int) -> None:
 # At K > 1 the run's own row is the members' means (of one variant's seeds; with several variants the run loop keeps
 # only these keys in it): TensorBoard keeps only what is the whole population's, and each member's figures go to its
 # own run.
-POPULATION_KEYS = ("charts/SPS", "time/")
+POPULATION_KEYS = ("charts/SPS", "time/", "perf/")
 
 
 class TensorBoardRuns:

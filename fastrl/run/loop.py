@@ -12,6 +12,9 @@ brings the algorithm; the loop brings everything else, once, for all of them::
     final checkpoint, final evaluation (also an eval/* row in every sink), videos (capture_video),
     summary.json (one schema), learning_curve.png (plot)
 
+Each row of a log interval carries the process's ``perf/*`` figures (``fastrl.run.resources``): CPU, memory, GPU
+and the shares of the interval's wall time; summary.json their run means (memory: its peak).
+
 The trainer interface:
 - ``cfg``, ``agent`` (the ``nn.Module`` that acts and is evaluated), ``global_step`` (env steps, all ranks),
   ``iteration`` (updates), ``total_steps`` (the budget), ``lr_scale``, ``should_stop`` (a callable the loop sets:
@@ -50,6 +53,7 @@ from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.run.evaluate import EvaluationStopped, describe, evaluate, record_videos
 from fastrl.run.guards import RollbackGuard, all_finite
 from fastrl.run.logger import POPULATION_KEYS, NullLogger, RunLogger
+from fastrl.run.resources import ResourceMonitor
 from fastrl.run.rundir import restart_count, write_config
 from fastrl.run.runfiles import RunFiles
 from fastrl.run.storage import strict_json
@@ -250,7 +254,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
     stop = {"stop": None}
     previous_handlers = install_stop_handlers(stop)
     trainer.should_stop = lambda: stop["stop"] is not None
-    start_time = time.perf_counter()
+    monitor = ResourceMonitor(trainer.device, quiet=cfg.quiet or not dist_info.is_main)
+    start_time = monitor.last_wall
     start_step = trainer.global_step
     last_log_time, last_log_step = start_time, trainer.global_step
     run_context = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step, agent_type)
@@ -276,6 +281,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                 last_log_time, last_log_step = now, trainer.global_step
                 record = {"charts/SPS": sps, "time/elapsed_s": now - start_time, **episode_metrics(recent),
                           **_plain(metrics), **trainer.log_extras()}
+                record.update(monitor.sample(record, now))
                 rows = trainer.member_rows()  # one per member at K > 1; the run row is the member's at K = 1
                 member_eval = None
                 if cfg.eval_interval and cfg.eval_episodes and trainer.iteration % cfg.eval_interval == 0:
@@ -305,10 +311,11 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                         reached[m] = (trainer.global_step // n_members, now - start_time)
                 if several_variants:
                     record = {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)}
-                logger.log(record, trainer.global_step)
-                for row in rows:
-                    logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
-                logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
+                with monitor.logging():
+                    logger.log(record, trainer.global_step)
+                    for row in rows:
+                        logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
+                    logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
                 # A population stops once every member is there (episode_return_min), a single run at its mean.
                 lowest = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
                 if cfg.stop_at_return and lowest >= cfg.stop_at_return:
@@ -343,7 +350,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                    "reached_return": threshold is not None,
                    "steps_to_return": threshold[0] if threshold else None,
                    "time_to_return_s": threshold[1] if threshold else None,
-                   "restart_count": restart_count(), "process_time_s": process_seconds()}
+                   "restart_count": restart_count(), "process_time_s": process_seconds(), **monitor.summary()}
         if dist_info.is_main:
             save_if_finite(trainer, run_dir, files)
         normalizers = [trainer.normalizer_state(m) for m in range(n_members)]
