@@ -1,4 +1,5 @@
-"""This process's resource use and where its wall time went, one sample per metrics row (never per step):
+"""This process's resource use and where its wall time went, sampled once per log interval, in the run's row (never
+per step; the members' rows and the final evaluation's row carry none):
 
 - ``perf/cpu_util``: CPU time of the training process (every thread: torch's, EnvPool's) over the wall time since the
   last row, in percent of one core summed over the cores (200 = two cores busy); env subprocesses and the sink
@@ -11,7 +12,7 @@
   Gymnasium step), ``update`` the update; a torch env's whole iteration is one function where they cannot be told
   apart: ``iteration`` stands in for the three. IMPALA/APPO step their envs in the actor processes, so the learner
   has ``rollout`` and ``env`` at 0 (its waits for rollouts are in ``other``; see ``queue/learner_wait_s``).
-  ``logging`` is writing the rows (metrics.jsonl, the sink pipe, progress), ``other`` the rest (evaluation,
+  ``logging`` is writing the previous rows (metrics.jsonl, the sink pipe, progress), ``other`` the rest (evaluation,
   checkpoints, callbacks, the loop).
 
 The sections are the trainer's own ``time/*_s`` figures (``log_extras``), read from the row. CPU time comes from
