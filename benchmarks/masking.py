@@ -7,8 +7,9 @@ probability 1/2, at least one); a valid action earns +1, an invalid one -1 and t
 observation is the valid subset as 0/1 floats, so an unmasked policy can learn it too; a random policy scores 0, a
 perfect one 50. Masked and unmasked PPO train with the same steps and hyperparameters: the masked one through
 ``action_masks()`` (sb3-contrib's convention), the unmasked one on the same env without it (``UnmaskedChoice``).
-Reported per arm: each seed's final evaluation return and the median, and the invalid actions among 2,000
-stochastic ``predict`` steps of the trained agent. JSON to benchmarks/results/<machine>/masking.json, or ``--out``.
+Reported per arm: each seed's training return (its last episodes' mean: what it earned while learning) and
+final evaluation return (deterministic), their medians, and the invalid actions among 2,000 stochastic ``predict``
+steps of the trained agent. JSON to benchmarks/results/<machine>/masking.json, or ``--out``.
 """
 from __future__ import annotations
 
@@ -80,13 +81,14 @@ def invalid_predictions(agent, env_cls, steps: int = PREDICT_STEPS, seed: int = 
     return invalid
 
 
-def train_arm(env_cls, seed: int, steps: int, run_dir: Path) -> dict:
+def train_arm(env_cls, seed: int, steps: int, run_dir: Path, predict_steps: int = PREDICT_STEPS) -> dict:
     import fastrl
     run = fastrl.train(env=env_cls, seed=seed, total_steps=steps, n_envs=8, n_steps=64, n_epochs=4, n_minibatches=4,
                        lr=3e-3, eval_episodes=8, run_dir=run_dir, progress=False, wandb="disabled",
                        tensorboard=False, plot=False, quiet=True)
-    return {"seed": seed, "eval_return_mean": run.summary["eval_return_mean"],
-            "invalid_of_2000_predictions": invalid_predictions(run.agent, env_cls, seed=seed)}
+    return {"seed": seed, "train_return_mean": run.summary["episode_return_mean"],
+            "eval_return_mean": run.summary["eval_return_mean"],
+            "invalid_predictions": invalid_predictions(run.agent, env_cls, predict_steps, seed)}
 
 
 def main(argv=None) -> int:
@@ -94,19 +96,25 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--predict-steps", type=int, default=PREDICT_STEPS, help="stochastic predict calls counted")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: the machine's results folder)")
     args = parser.parse_args(argv)
     arms = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, env_cls in (("masked", MaskedChoice), ("unmasked", UnmaskedChoice)):
-            runs = [train_arm(env_cls, seed, args.steps, Path(tmp) / f"{name}{seed}") for seed in args.seeds]
+            runs = [train_arm(env_cls, seed, args.steps, Path(tmp) / f"{name}{seed}", args.predict_steps)
+                    for seed in args.seeds]
             arms[name] = {"runs": runs,
+                          "median_train_return": statistics.median(r["train_return_mean"] for r in runs),
                           "median_eval_return": statistics.median(r["eval_return_mean"] for r in runs),
-                          "median_invalid_of_2000": statistics.median(r["invalid_of_2000_predictions"] for r in runs)}
-    report = {"machine": machine_info(), "steps": args.steps, "seeds": args.seeds, "arms": arms}
+                          "median_invalid_predictions": statistics.median(r["invalid_predictions"] for r in runs)}
+    report = {"machine": machine_info(), "steps": args.steps, "seeds": args.seeds, "predict_steps": args.predict_steps,
+              "arms": arms}
     path = write_json(report, args.out or default_out("masking"))
-    print(markdown_table(["arm", "median eval return", "median invalid of 2,000"],
-                         [[name, arm["median_eval_return"], arm["median_invalid_of_2000"]] for name, arm in arms.items()]))
+    print(markdown_table(["arm", "median train return", "median eval return",
+                          f"median invalid of {args.predict_steps:,} predictions"],
+                         [[name, arm["median_train_return"], arm["median_eval_return"], arm["median_invalid_predictions"]]
+                          for name, arm in arms.items()]))
     print(f"wrote {path}")
     return 0
 
