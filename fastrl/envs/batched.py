@@ -266,7 +266,7 @@ class BatchedEnv:
             raise UserError(f"time_feature does not apply to {env_id!r}: {why}; drop time_feature")
         return int(limit)
 
-    def _obs(self, obs, info: dict) -> torch.Tensor:
+    def _obs(self, obs, info: dict | None = None) -> torch.Tensor:
         if self._masks_in_info:
             obs = masked_observation(obs, info)
         if self._time_limit:
