@@ -113,8 +113,8 @@ def main(argv=None) -> int:
     path = write_json(report, args.out or default_out("masking"))
     print(markdown_table(["arm", "median train return", "median eval return",
                           f"median invalid of {args.predict_steps:,} predictions"],
-                         [[name, arm["median_train_return"], arm["median_eval_return"], arm["median_invalid_predictions"]]
-                          for name, arm in arms.items()]))
+                         [[name, *(arm[key] for key in ("median_train_return", "median_eval_return",
+                                                         "median_invalid_predictions"))] for name, arm in arms.items()]))
     print(f"wrote {path}")
     return 0
 

@@ -3,6 +3,8 @@ a random subset of 6 actions is valid, +1 for a valid action, -1 for an invalid 
 
 Exact checks first (no invalid action sampled, chosen or given probability; entropy of the renormalized distribution;
 finite losses; both conventions alike; each member its own masks), then one learning check."""
+from contextlib import nullcontext
+
 import gymnasium
 import numpy as np
 import pytest
@@ -14,11 +16,11 @@ from benchmarks.masking import (EPISODE_STEPS, N_ACTIONS, DictMaskedChoice, Mask
                                 invalid_predictions)
 from fastrl.config import make_config
 from fastrl.envs.registry import env_name
-from fastrl.envs.spaces import ActionSpec
+from fastrl.envs.spaces import ActionSpec, dict_layout
 from fastrl.learn.masking import masked_logits
-from fastrl.learn.models import ActorCritic, action_logp_entropy, action_mode
-from fastrl.learn.update import UpdateSpec, hand_gradient_applies
+from fastrl.learn.models import ActorCritic, DictActorCritic, action_logp_entropy, action_mode
 from fastrl.learn.stacked import FlatLayout
+from fastrl.learn.update import UpdateSpec, hand_gradient_applies
 from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, wandb="disabled", tensorboard=False, plot=False, quiet=True)
@@ -27,7 +29,7 @@ PREDICT_STEPS = 2000
 
 def _trainer(env, **overrides) -> Trainer:
     cfg = {"env": env_name(env), "n_envs": 4, "n_steps": 16, "total_steps": 256, "compile": "off", **overrides}
-    return Trainer(make_config({**cfg, **{k: v for k, v in QUIET.items()}}))
+    return Trainer(make_config({**cfg, **QUIET}))
 
 
 def _invalid_in_buffer(trainer: Trainer) -> tuple[int, int]:
@@ -43,8 +45,8 @@ def _invalid_in_buffer(trainer: Trainer) -> tuple[int, int]:
 def agents(tmp_path_factory):
     """Briefly trained agents (close to uniform over the actions), one per convention."""
     root = tmp_path_factory.mktemp("masking")
-    return {env: fastrl.train(env=env, total_steps=256, n_envs=4, n_steps=32, eval_episodes=0, run_dir=root / env.__name__,
-                              **QUIET).agent for env in (MaskedChoice, DictMaskedChoice)}
+    return {env: fastrl.train(env=env, total_steps=256, n_envs=4, n_steps=32, eval_episodes=0,
+                              run_dir=root / env.__name__, **QUIET).agent for env in (MaskedChoice, DictMaskedChoice)}
 
 
 # ---------------------------------------------------------------------------------------------- the distribution
@@ -100,6 +102,30 @@ def test_the_loss_gradient_is_finite_and_zero_for_invalid_logits():
     assert torch.equal(masked_logits(logits, None), logits.float())
 
 
+def test_the_mask_is_not_a_network_input_and_masks_a_dict_model_with_an_image():
+    """A Dict of an image, a vector and the mask takes the Dict model; the mask changes no feature and no value,
+    only which actions the policy can take."""
+    space = gymnasium.spaces.Dict({"action_mask": gymnasium.spaces.MultiBinary(4),
+                                   "frame": gymnasium.spaces.Box(0, 255, (8, 8, 1), np.uint8),
+                                   "cue": gymnasium.spaces.Box(-1, 1, (3,), np.float32)})
+    layout = dict_layout(space)
+    assert [part.key for part in layout] == ["cue", "frame", "action_mask"] and layout[-1].mask
+    torch.manual_seed(0)
+    model = DictActorCritic(layout, ActionSpec("discrete", n=4))
+    obs = torch.cat([torch.rand(512, 3 + 64) * 255, torch.rand(512, 4) < 0.5], dim=1)
+    obs[:, -1] = 1.0
+    action, _, _, value = model.get_action_and_value(obs)
+    assert bool(obs[torch.arange(512), -4 + action].bool().all())
+    other = obs.clone()
+    other[:, -4:-1] = 1.0 - other[:, -4:-1]
+    assert torch.equal(model._features(obs), model._features(other))
+    assert torch.equal(model.get_value(obs), value)
+    flat = ActorCritic((2 * N_ACTIONS,), ActionSpec("discrete", n=N_ACTIONS), mask_width=N_ACTIONS)
+    x = torch.rand(8, 2 * N_ACTIONS)
+    y = torch.cat([x[:, :N_ACTIONS], 1 - x[:, N_ACTIONS:]], dim=1)
+    assert torch.equal(flat.get_value(x), flat.get_value(y)) and flat.actor_trunk[0].in_features == N_ACTIONS
+
+
 # ---------------------------------------------------------------------------------------------- predict / act
 @pytest.mark.parametrize("env", [MaskedChoice, DictMaskedChoice])
 def test_stochastic_predict_never_picks_an_invalid_action(agents, env):
@@ -142,7 +168,7 @@ def test_rollout_samples_are_always_valid_and_both_conventions_roll_out_alike():
         trainer = _trainer(env, n_steps=PREDICT_STEPS // 4)
         trainer.collect()
         invalid, samples = _invalid_in_buffer(trainer)
-        assert samples >= PREDICT_STEPS - 4 * PREDICT_STEPS // EPISODE_STEPS and invalid == 0
+        assert samples > PREDICT_STEPS - 2 * PREDICT_STEPS // EPISODE_STEPS and invalid == 0  # reset rows aside
         buffers[env] = trainer.buffer.clone()
         trainer.close()
     sb3, dict_ = buffers.values()
@@ -171,8 +197,8 @@ def test_the_hand_derived_gradient_does_not_apply_to_masked_agents():
     discrete = ActionSpec("discrete", n=N_ACTIONS)
     unmasked = ActorCritic((N_ACTIONS,), discrete)
     masked = ActorCritic((2 * N_ACTIONS,), discrete, mask_width=N_ACTIONS)
-    assert hand_gradient_applies(spec, FlatLayout(unmasked), __import__("contextlib").nullcontext)
-    assert not hand_gradient_applies(spec, FlatLayout(masked), __import__("contextlib").nullcontext)
+    assert hand_gradient_applies(spec, FlatLayout(unmasked), nullcontext)
+    assert not hand_gradient_applies(spec, FlatLayout(masked), nullcontext)
 
 
 def test_the_update_is_finite_with_masks_for_ppo_and_a2c():
