@@ -36,10 +36,10 @@ from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
 from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
                                      watched_vector_env)
-from fastrl.envs.registry import (VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
-                                  require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
+from fastrl.envs.registry import (VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
+                                  require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
 from fastrl.envs.stats import EnvStep, EpisodeStats, MemberEpisodeStats, MemberRunningMeanStd, RunningMeanStd
 
