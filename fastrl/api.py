@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
+from fastrl.envs.masks import observation_with_masks
 from fastrl.envs.registry import env_name
 from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
 from fastrl.envs.stats import RunningMeanStd, normalize_observation
@@ -404,15 +405,19 @@ class Agent:
         return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True, check_finite: bool = True):
+    def act(self, obs, deterministic: bool = True, check_finite: bool = True, action_masks=None):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
         dtype. numpy (or a list) in, numpy out; a torch tensor (or a TensorDict, its ``"observation"``) in, a tensor
         out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
         applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
-        to the policy as it is)."""
+        to the policy as it is). An agent trained with action masks (``fastrl.envs.masks``) takes the Dict observation
+        with its ``action_mask``, or the observation and ``action_masks`` (bool ``[n]`` / ``[B, n]``, sb3-contrib's),
+        and picks valid actions only."""
         from tensordict import TensorDictBase
+        if action_masks is not None:
+            obs = observation_with_masks(obs, action_masks, self._layout)
         returns_tensor = torch.is_tensor(obs) or isinstance(obs, TensorDictBase) or \
             isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
         x = self._as_tensor(obs)
@@ -454,11 +459,12 @@ class Agent:
             action = action[0]
         return action.to(out_device) if returns_tensor else action.cpu().numpy()
 
-    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True):
+    def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True,
+                action_masks=None):
         """Stable-Baselines3's ``predict``: ``(action, None)``, the action as ``act`` gives it, and no recurrent state
         (fastrl policies keep none; ``state`` and ``episode_start`` are accepted and ignored). So
         ``action, _ = agent.predict(obs)`` reads the same for one observation and for a batch."""
-        return self.act(obs, deterministic, check_finite), None
+        return self.act(obs, deterministic, check_finite, action_masks), None
 
     def _checkpoint_state(self) -> dict:
         """The checkpoint this agent came from, with the policy's current weights."""

@@ -36,6 +36,8 @@ from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
 from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
                                      watched_vector_env)
+from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
+                               with_action_mask)
 from fastrl.envs.registry import (VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
                                   require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
@@ -49,13 +51,15 @@ def _env_guard():
     class EnvGuard(gymnasium.Wrapper):
         """Around each Python env: an exception in reset/step becomes an EnvCodeError carrying the env's traceback,
         and a Box observation of another shape than the space's raises ObservationShapeError (not a numpy broadcast
-        error further on)."""
+        error further on). An env with ``action_masks()`` puts its mask in each step's info (``fastrl.envs.masks``)."""
 
         def __init__(self, env, env_id: str):
             super().__init__(env)
             self._env_id = env_id
             space = env.observation_space
             self._shape = tuple(space.shape) if isinstance(space, gymnasium.spaces.Box) else None
+            self._action_masks = env_action_masks(env)
+            self.reads_action_masks = self._action_masks is not None
 
         def _check(self, obs, call: str):
             if self._shape is not None and np.shape(obs) != self._shape:
@@ -70,7 +74,7 @@ def _env_guard():
             except Exception as e:  # noqa: BLE001  (the user's code: whatever it raises is reported the same way)
                 raise EnvCodeError.from_exception(e) from None
             self._check(obs, "reset")
-            return obs, info
+            return obs, with_action_mask(info, self._action_masks)
 
         def step(self, action):
             try:
@@ -80,7 +84,8 @@ def _env_guard():
             self._check(obs, "step")
             flags = (_step_scalar(self._env_id, name, x, bool) for name, x in (("terminated", terminated),
                                                                              ("truncated", truncated)))
-            return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags, info)
+            return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags,
+                    with_action_mask(info, self._action_masks))
 
     return EnvGuard
 
@@ -205,17 +210,24 @@ class BatchedEnv:
                                            autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, **fork)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
-        self.observation_space, self.action_space = obs_space, act_space  # one env's, as Gymnasium spaces
         try:
+            self.action_spec = action_spec_of(act_space)
+            # sb3-contrib's action_masks(): read from each step's info (fastrl.envs.masks)
+            self._masks_in_info = (self.backend != "envpool" and lookup_id not in VECTOR_ENVS
+                                   and any(self._env.get_attr("reads_action_masks")))
+            if self._masks_in_info:
+                obs_space = masked_observation_space(obs_space, self.action_spec)
             form = observation_format(obs_space, env_id)
+            check_action_mask(form, self.action_spec, env_id)
         except UserError:
             self.close()
             raise
+        self.observation_space, self.action_space = obs_space, act_space  # one env's, as Gymnasium spaces
+        self.mask_width = form.mask
         self._image_key, self.layout, self._hwc = form.image_key, form.layout, form.hwc
         self.observation_shape, self.observation_dtype, self.obs_scale = form.shape, form.dtype, form.scale
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
         self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
-        self.action_spec = action_spec_of(act_space)
         self._np_action_dtype = act_space.dtype if self.action_spec.nvec else None
         self.stats = EpisodeStats(n_envs)
         self._prev_done = np.zeros(n_envs, dtype=bool)
@@ -254,7 +266,9 @@ class BatchedEnv:
             raise UserError(f"time_feature does not apply to {env_id!r}: {why}; drop time_feature")
         return int(limit)
 
-    def _obs(self, obs) -> torch.Tensor:
+    def _obs(self, obs, info: dict | None = None) -> torch.Tensor:
+        if self._masks_in_info:
+            obs = masked_observation(obs, info)
         if self._time_limit:
             feature = 1.0 - np.minimum(self._elapsed, self._time_limit) / self._time_limit
             return torch.cat([_to_tensor(obs).float(), torch.from_numpy(feature.astype(np.float32))[:, None]], dim=1)
@@ -269,10 +283,10 @@ class BatchedEnv:
 
     def reset(self) -> torch.Tensor:
         if self.backend == "envpool":
-            obs, _ = self._env.reset()
+            obs, info = self._env.reset()
         else:
             try:
-                obs, _ = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
+                obs, info = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
             except Exception as e:  # noqa: BLE001  (the user's env code: whatever it raises stops the run)
                 raise EnvError(self.env_id, e, "reset") from e
         self._prev_done = np.zeros(self.n_envs, dtype=bool)
@@ -280,7 +294,7 @@ class BatchedEnv:
             self._elapsed[:] = 0
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
-        return self._obs(obs)
+        return self._obs(obs, info)
 
     def step(self, action: torch.Tensor) -> EnvStep:
         """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
@@ -310,7 +324,7 @@ class BatchedEnv:
             self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid)
         else:
             self.stats.update(reward, done, valid)
-        return EnvStep(self._obs(obs), torch.from_numpy(reward), torch.from_numpy(terminated),
+        return EnvStep(self._obs(obs, info), torch.from_numpy(reward), torch.from_numpy(terminated),
                        torch.from_numpy(truncated), torch.from_numpy(valid), torch.from_numpy(done))
 
     def close(self) -> None:
@@ -405,6 +419,9 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
     k = len(members) if members else 1
     env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
                      env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature, timeout_s=cfg.env_timeout_s)
+    if cfg.normalize_obs and getattr(env, "mask_width", 0):
+        env.close()
+        raise UserError(f"env {cfg.env!r} has action masks, which normalize_obs would rescale: drop normalize_obs")
     if k > 1:
         env.stats = MemberEpisodeStats(k, n_envs // k)
     gammas = [m.gamma for m in members] if k > 1 else cfg.gamma

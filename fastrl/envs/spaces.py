@@ -7,7 +7,8 @@ Observations as the batched env hands them out (``observation_format``), per env
 - ``Discrete``: the integer itself, ``[1]``; ``MultiDiscrete``: its integers as they are. The model one-hot encodes
   them (``one_hot``: component i takes ``n_i`` values from ``start_i``), so the rollout buffer keeps the integers.
 - ``Dict``: every entry packed into one float32 vector (``pack_observation``; a Discrete entry as its integer, one-hot
-  encoded by the model); MiniGrid's Dict(image, direction, mission): its image, channels first.
+  encoded by the model); MiniGrid's Dict(image, direction, mission): its image, channels first. An ``action_mask``
+  entry (``MASK_KEY``) is the action mask, packed last (``fastrl.envs.masks``).
 
 ``space_to_data`` / ``space_from_data``: Box, Discrete, MultiDiscrete, MultiBinary, Text, Dict and Tuple as nested
 dicts, lists, strings and numbers (no pickle, no code), and back.
@@ -20,6 +21,8 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
+
+MASK_KEY = "action_mask"  # a Dict observation's action mask (PettingZoo's and RLlib's name)
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,14 @@ class ObservationPart:
     ``[C, H, W]``, channels first; anything else flattened to ``[D]``), whether it is an ``image``, and whether
     the env gives it channels-last (``hwc``); ``scale`` turns it into floats of order 1 (1/255 for uint8 images).
     A Discrete or MultiDiscrete entry has ``one_hot`` (``one_hot_sizes``): its ``[D]`` integers are one-hot
-    encoded by the model."""
+    encoded by the model. ``mask``: the action mask (``MASK_KEY``), last in a layout, never a network input."""
     key: str
     shape: tuple
     image: bool
     hwc: bool = False
     scale: float = 1.0
     one_hot: tuple | None = None
+    mask: bool = False
 
 
 def channels_last(shape: tuple) -> bool:
@@ -90,9 +94,11 @@ def channels_last(shape: tuple) -> bool:
 
 
 def dict_layout(space) -> tuple[ObservationPart, ...]:
-    """The packing of a gymnasium Dict space: its entries in the space's key order; 3-D Boxes are images."""
+    """The packing of a gymnasium Dict space: its entries in the space's key order (``MASK_KEY`` last); 3-D Boxes are
+    images."""
     parts = []
-    for key, sub in space.spaces.items():
+    entries = sorted(space.spaces.items(), key=lambda item: item[0] == MASK_KEY)
+    for key, sub in entries:
         shape = tuple(getattr(sub, "shape", None) or ())
         if getattr(sub, "shape", None) is None or not hasattr(sub, "dtype"):
             raise UserError(f"Dict observation entry {key!r} is {sub}; fastrl packs Box, Discrete, MultiDiscrete and "
@@ -103,7 +109,8 @@ def dict_layout(space) -> tuple[ObservationPart, ...]:
             parts.append(ObservationPart(key, (shape[2], shape[0], shape[1]) if hwc else shape, True, hwc,
                                          1 / 255 if np.dtype(sub.dtype) == np.uint8 else 1.0))
         else:
-            parts.append(ObservationPart(key, (max(1, int(np.prod(shape))),), False, one_hot=sizes))
+            parts.append(ObservationPart(key, (max(1, int(np.prod(shape))),), False, one_hot=sizes,
+                                         mask=key == MASK_KEY))
     return tuple(parts)
 
 
@@ -128,7 +135,7 @@ class ObservationFormat:
     """What one env's observation becomes (see the module docstring): ``shape`` and ``dtype`` as handed out,
     ``scale`` (the factor a pixel model applies), ``layout`` (a packed Dict's entries), ``image_key`` (MiniGrid's
     image entry), ``hwc`` (a channels-last image, transposed) and ``one_hot`` (a Discrete or MultiDiscrete space's
-    ``one_hot_sizes``)."""
+    ``one_hot_sizes``); ``mask``: the width of the action mask in the last columns (0: none)."""
     shape: tuple
     dtype: torch.dtype
     scale: float = 1.0
@@ -136,6 +143,7 @@ class ObservationFormat:
     image_key: str | None = None
     hwc: bool = False
     one_hot: tuple | None = None
+    mask: int = 0
 
 
 def observation_format(space, env_id: str) -> ObservationFormat:
@@ -148,7 +156,8 @@ def observation_format(space, env_id: str) -> ObservationFormat:
     if isinstance(spaces, dict):
         layout = dict_layout(space)
         shape = (sum(int(np.prod(part.shape)) for part in layout),)
-        return ObservationFormat(shape, torch.float32, layout=layout)  # the Dict model scales its image parts itself
+        return ObservationFormat(shape, torch.float32, layout=layout,  # the Dict model scales its image parts itself
+                                 mask=layout[-1].shape[0] if layout[-1].mask else 0)
     if getattr(space, "shape", None) is None or getattr(space, "dtype", None) is None:
         raise UserError(f"{env_id!r} has observation space {space}; fastrl handles Box, Discrete, MultiDiscrete and "
                         "MultiBinary observations, Dict observations of them and MiniGrid images: wrap the env to "

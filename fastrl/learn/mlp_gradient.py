@@ -23,8 +23,8 @@ compares loss, statistics and gradient). Shapes: every minibatch field ``[K, B, 
 the gradient ``[K, P]`` in ``FlatLayout``'s order.
 
 Supported (``supports``): ``ActorCritic`` with tanh or ReLU trunks, separate or shared, a discrete (not
-MultiDiscrete) or a diagonal Gaussian policy (gSDE included), PPO or A2C, float32 (no autocast, no loss scaling).
-Anything else takes the autograd path.
+MultiDiscrete, not masked) or a diagonal Gaussian policy (gSDE included), PPO or A2C, float32 (no autocast, no loss
+scaling). Anything else takes the autograd path.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class MembersMLPGradient:
     def supports(agent: nn.Module, algo: str, autocast_off: bool, loss_scaling: bool) -> bool:
         if type(agent) is not ActorCritic or algo not in ("ppo", "a2c") or not autocast_off or loss_scaling:
             return False
-        if agent.discrete and agent.action_spec.nvec:
+        if agent.discrete and agent.action_spec.nvec or agent.mask_width:  # masked logits: autograd's
             return False
         trunks = [agent.actor_trunk] + ([] if agent.shared_trunk else [agent.critic_trunk])
         return all(_trunk_layers(t) is not None for t in trunks)

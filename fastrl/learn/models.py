@@ -19,6 +19,7 @@ from torch import nn
 
 from fastrl.envs.registry import is_procgen
 from fastrl.envs.spaces import ActionSpec
+from fastrl.learn.masking import action_mask, masked_logits
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -103,12 +104,15 @@ def gsde_distribution(latent: torch.Tensor, log_std: torch.Tensor, noise: torch.
 
 
 def action_logp_entropy(out: torch.Tensor, spec: ActionSpec, log_std, action: torch.Tensor | None,
-                        noise: torch.Tensor | None, exploration: torch.Tensor | None = None):
+                        noise: torch.Tensor | None, exploration: torch.Tensor | None = None, mask=None):
     """The policy head's output ``out [B, A]`` as a distribution: sample ``action`` when None (``noise``: U(0, 1)
     ``[B, n]`` for discrete, N(0, 1) ``[B, A]`` for continuous; default from the global generator), and return
     ``(action, logp [B], entropy [B])``. MultiDiscrete (``spec.nvec``): one categorical per component over its slice
     of the logits, log-probabilities and entropies summed. gSDE (``gsde_distribution``): ``log_std`` is per row
-    ``[B, A]`` and a sampled action is ``out + exploration``."""
+    ``[B, A]`` and a sampled action is ``out + exploration``. ``mask [B, n]`` (bool, discrete actions): the valid
+    actions (``fastrl.learn.masking``); the others get probability zero."""
+    if mask is not None:
+        out = masked_logits(out, mask)
     if spec.kind == "discrete" and spec.nvec:
         slices = torch.split(out, list(spec.nvec), dim=-1)
         uniform = torch.split(noise, list(spec.nvec), dim=-1) if noise is not None else [None] * len(slices)
@@ -132,8 +136,11 @@ def action_logp_entropy(out: torch.Tensor, spec: ActionSpec, log_std, action: to
     return action.view(-1, *spec.shape), logp, entropy
 
 
-def action_mode(out: torch.Tensor, spec: ActionSpec) -> torch.Tensor:
-    """The policy's mode: argmax (per component for MultiDiscrete), or the mean for continuous actions."""
+def action_mode(out: torch.Tensor, spec: ActionSpec, mask=None) -> torch.Tensor:
+    """The policy's mode: argmax (per component for MultiDiscrete; over the valid actions, given ``mask``), or the mean
+    for continuous actions."""
+    if mask is not None:
+        out = masked_logits(out, mask)
     if spec.kind == "discrete" and spec.nvec:
         return torch.stack([z.argmax(-1) for z in torch.split(out, list(spec.nvec), dim=-1)], dim=-1)
     if spec.kind == "discrete":
@@ -173,14 +180,18 @@ class ActorCritic(nn.Module):
     sampling noise ``[B, L * A]`` (``noise_width``) holds each env's exploration weights.
 
     ``one_hot`` (``fastrl.envs.spaces.one_hot_sizes``): the observations are Discrete or MultiDiscrete integers, one-hot
-    encoded before the trunks (``OneHot``)."""
+    encoded before the trunks (``OneHot``).
+
+    ``mask_width``: the observation's last ``mask_width`` columns are the action mask (``fastrl.learn.masking``), split
+    off before the trunks."""
 
     def __init__(self, obs_shape: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
                  shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=(),
-                 use_sde: bool = False, one_hot: tuple | None = None):
+                 use_sde: bool = False, one_hot: tuple | None = None, mask_width: int = 0):
         super().__init__()
         self.one_hot = OneHot(*one_hot) if one_hot else None
-        in_dim = self.one_hot.width if one_hot else math.prod(obs_shape)
+        self.mask_width = mask_width
+        in_dim = self.one_hot.width if one_hot else math.prod(obs_shape) - mask_width
         self.action_spec = action_spec
         self.discrete = action_spec.kind == "discrete"
         out_dim = _head_width(action_spec)
@@ -205,6 +216,8 @@ class ActorCritic(nn.Module):
 
     def trunk_input(self, flat_obs: torch.Tensor) -> torch.Tensor:
         """Flattened observations ``[..., D]`` as the trunks take them: float32 ``[..., in_dim]``."""
+        if self.mask_width:
+            flat_obs = flat_obs[..., :-self.mask_width]
         return flat_obs.float() if self.one_hot is None else self.one_hot(flat_obs)
 
     def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,14 +244,15 @@ class ActorCritic(nn.Module):
             action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, None, exploration)
             return action, logp, entropy, value
         action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise)
+                                                    noise, mask=action_mask(obs.flatten(1), self.mask_width))
         return action, logp, entropy, value
 
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
         """The mode of the policy: argmax for discrete, the mean for continuous actions."""
         actor, _ = self._features(obs)
-        return action_mode(run_mlp(self.policy_head, actor), self.action_spec)
+        return action_mode(run_mlp(self.policy_head, actor), self.action_spec,
+                           action_mask(obs.flatten(1), self.mask_width))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``act_deterministic``: what ``policy(obs)`` gives, e.g. inside TorchRL's ``TensorDictModule``."""
@@ -340,7 +354,9 @@ def resolve_encoder(name: str, obs_shape: tuple, env_id: str = "") -> str:
 
 class SharedFeatureHeads(nn.Module):
     """Policy and value heads over one feature vector: a subclass defines ``_features(obs) -> [B, F]``,
-    ``policy_head``, ``value_head``, ``action_spec`` (and ``log_std`` for continuous actions)."""
+    ``policy_head``, ``value_head``, ``action_spec`` (and ``log_std`` for continuous actions); ``mask_width`` as
+    ``ActorCritic``'s."""
+    mask_width = 0
 
     def get_value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.value_head(self._features(obs)).squeeze(-1).float()
@@ -352,12 +368,13 @@ class SharedFeatureHeads(nn.Module):
         out = self.policy_head(features)
         value = self.value_head(features).squeeze(-1).float()
         action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise)
+                                                    noise, mask=action_mask(obs.flatten(1), self.mask_width))
         return action, logp, entropy, value
 
     @torch.no_grad()
     def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        return action_mode(self.policy_head(self._features(obs)), self.action_spec)
+        return action_mode(self.policy_head(self._features(obs)), self.action_spec,
+                           action_mask(obs.flatten(1), self.mask_width))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """``act_deterministic`` (see ``ActorCritic.forward``)."""
@@ -403,7 +420,8 @@ class DictActorCritic(SharedFeatureHeads):
     each image entry through its own conv encoder (chosen by its size, as ``encoder: auto`` chooses; scaled by its
     ``scale``, 1/255 for uint8), the vector entries (Discrete ones one-hot encoded) together through an MLP trunk, the
     features concatenated and shared by
-    the policy and value heads. Same API as ``ActorCritic``."""
+    the policy and value heads; an action-mask entry (``ObservationPart.mask``, packed last) only masks the policy.
+    Same API as ``ActorCritic``."""
 
     def __init__(self, layout: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
                  init_log_std: float = 0.0):
@@ -411,11 +429,12 @@ class DictActorCritic(SharedFeatureHeads):
         self.action_spec, self.layout = action_spec, layout
         self.discrete = action_spec.kind == "discrete"
         self.sizes = [math.prod(part.shape) for part in layout]
+        self.mask_width = self.sizes[-1] if layout[-1].mask else 0
         self.images = nn.ModuleDict({part.key: ENCODERS[resolve_encoder("auto", part.shape)](part.shape)
                                      for part in layout if part.image})
         self.one_hots = nn.ModuleDict({part.key: OneHot(*part.one_hot) for part in layout if part.one_hot})
         vector_dim = sum(self.one_hots[part.key].width if part.one_hot else size
-                         for size, part in zip(self.sizes, layout) if not part.image)
+                         for size, part in zip(self.sizes, layout) if not (part.image or part.mask))
         self.vector_trunk = mlp(vector_dim, list(hidden_sizes), activation) if vector_dim else None
         width = sum(encoder.out_dim for encoder in self.images.values()) + (hidden_sizes[-1] if vector_dim else 0)
         self.policy_head = orthogonal_init(nn.Linear(width, _head_width(action_spec)), gain=0.01)
@@ -426,6 +445,8 @@ class DictActorCritic(SharedFeatureHeads):
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         pieces, vectors = [], []
         for part, chunk in zip(self.layout, torch.split(obs.float(), self.sizes, dim=1)):
+            if part.mask:
+                continue
             if part.image:
                 image = chunk.view(-1, *part.shape) * part.scale
                 pieces.append(self.images[part.key](image))
@@ -489,6 +510,8 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
         observation_space = observation_space_of(cfg, tuple(obs_shape))
     form = None if observation_space is None else observation_format(observation_space, getattr(cfg, "env", ""))
     layout, one_hot = (form.layout, form.one_hot) if form is not None else (None, None)
+    if layout is not None and layout[-1].mask and len(layout) == 2 and not layout[0].image:
+        layout, one_hot = None, layout[0].one_hot  # one entry beside the mask: its array is the observation
     encoder = "dict" if layout is not None else resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape),
                                                                   getattr(cfg, "env", ""))
     use_sde = getattr(cfg, "use_sde", False)
@@ -500,6 +523,7 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
         return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
     if encoder == "mlp":
         return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std,
-                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde, one_hot)
+                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde, one_hot,
+                           form.mask if form is not None else 0)
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
                             cfg.init_log_std, channels_last)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fastrl.learn.masking import action_mask
 from fastrl.learn.models import ActorCritic, action_logp_entropy, gsde_distribution
 
 
@@ -144,6 +145,7 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
     actor = critic if agent.shared_trunk else _members_sequential(layout, views, agent.actor_trunk, x)
     out = _members_linear(layout, views, agent.policy_head, actor)
     k, b = out.shape[:2]
+    mask = action_mask(obs.flatten(2), agent.mask_width)
     # The action distribution row by row, as the module's (members and rows flattened together; a member's log_std
     # repeated over its rows; gSDE's per-row log-std and exploration from each member's [L, A] log-std).
     log_std, exploration = None, None
@@ -161,7 +163,8 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
     action, logp, entropy = action_logp_entropy(
         out.reshape(k * b, -1), agent.action_spec, log_std,
         None if action is None else action.reshape(k * b, *action.shape[2:]),
-        None if noise is None else noise.reshape(k * b, -1), exploration)
+        None if noise is None else noise.reshape(k * b, -1), exploration,
+        None if mask is None else mask.reshape(k * b, -1))
     return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
 
 
