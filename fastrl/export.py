@@ -27,7 +27,6 @@ from fastrl.envs.spaces import _torch_dtype, observation_format, pack_observatio
 from fastrl.envs.stats import normalize_observation
 
 FORMATS = ("onnx", "torchscript")
-EXPORT_HINT = "pip install 'fastrl[export]'"
 
 
 class RawPolicy(nn.Module):
@@ -93,7 +92,7 @@ class EnvInputs(nn.Module):
         return self.raw(obs)
 
 
-def export_inputs(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
+def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
     """The exportable module of ``agent`` (a ``fastrl.api.Agent``), on the CPU, and an example batch of two zeros per
     input name, in the inputs' dtypes."""
     space, shape = agent.observation_space, agent.observation_shape
@@ -129,7 +128,7 @@ def export(agent, path: str | os.PathLike, format: str = "onnx") -> Path:
     ``torch.jit.load`` runs it; torch 2.13 marks TorchScript deprecated, which is why ONNX is the default). Returns
     the path."""
     path = export_target(path, format)
-    model, example = export_inputs(agent)
+    model, example = exportable(agent)
     args = tuple(example.values())
     with torch.no_grad():
         if format == "torchscript":
@@ -137,7 +136,7 @@ def export(agent, path: str | os.PathLike, format: str = "onnx") -> Path:
             return path
         missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
         if missing:
-            raise UserError(f"ONNX export needs {' and '.join(missing)}: {EXPORT_HINT}")
+            raise UserError(f"ONNX export needs {' and '.join(missing)}: pip install 'fastrl[export]'")
         names = list(example)
         batch = torch.export.Dim("batch")
         torch.onnx.export(model, args, str(path), input_names=names, output_names=["action"], dynamo=True, verbose=False,

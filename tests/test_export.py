@@ -18,7 +18,12 @@ BRIEF = dict(total_steps=64, n_envs=2, n_steps=32, n_epochs=1, n_minibatches=1, 
              progress=False, tensorboard=False, wandb="disabled", plot=False, quiet=True)
 CASES = {"CartPole-v1": ("CartPole-v1", {}), "Pendulum-v1": ("Pendulum-v1", {"normalize_obs": True}),
          "PixelMatch": (PixelMatch, {}), "MultiMatch": (MultiMatch, {}), "DictMatch": (DictMatch, {}),
-         "DictCodeMatch": (DictCodeMatch, {})}
+         "DictCodeMatch": (DictCodeMatch, {}), "FrozenLake-v1": ("FrozenLake-v1", {}),
+         "MiniGrid-Empty-5x5-v0": ("MiniGrid-Empty-5x5-v0", {})}
+# Both formats share the inputs' adaptation (EnvInputs): a Discrete observation ([B]) and MiniGrid's image entry
+# are checked through the quicker TorchScript export alone.
+FILES = [(case, fmt) for case in CASES for fmt in ("onnx", "torchscript")
+         if fmt == "torchscript" or case not in ("FrozenLake-v1", "MiniGrid-Empty-5x5-v0")]
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +78,14 @@ def _assert_same_actions(got: np.ndarray, expected: np.ndarray, continuous: bool
         np.testing.assert_array_equal(got, expected)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case, fmt", FILES)
 def test_exported_file_acts_as_predict_on_raw_observations(trained, tmp_path, case, fmt):
     agent = _agent(trained(case))
     obs = _observations(agent)
     if case == "Pendulum-v1":
         obs[:100] *= 1000  # far outside the normalizer's statistics: clipped to obs_clip
+    if case.startswith("MiniGrid"):
+        obs = {"image": obs["image"]}  # the entry fastrl's MiniGrid policy reads
     inputs = obs if isinstance(obs, dict) else {"obs": obs}
     expected, _ = agent.predict(obs, deterministic=True)
     continuous = agent.action_spec.kind == "continuous"
