@@ -463,7 +463,7 @@ class Agent:
         directory (``run_dir``, default ``runs/<env>__<algo>__<seed>__<time>``) continues the checkpoint, optimizer
         state and step count included, to the budget ``global_step + steps`` (the learning-rate schedule is
         stretched over that new total; ``overrides``: config keys, e.g. ``lr``). The agent then holds the new
-        weights; returns the ``Run``."""
+        weights and observation statistics; returns the ``Run``."""
         from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
         from fastrl.run.rundir import default_run_dir, holds_run
         if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
@@ -477,8 +477,9 @@ class Agent:
         names = {key: getattr(self.config, key) for key in CODE_KEYS if getattr(self.config, key)}  # given to load
         run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **{**names, **overrides})
         trained = load(run.run_dir, device=str(self.device), **names) if run.run_dir is not None else self
-        self._state, self.path, self.config = trained._state, trained.path, trained.config
-        self.policy.load_state_dict(trained.policy.state_dict())
+        self._state, self.path, self.config, self.normalizer = trained._state, trained.path, trained.config, \
+            trained.normalizer
+        self.raw_policy.load_state_dict(trained.raw_policy.state_dict())  # the weights and the observation statistics
         return run
 
     def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
