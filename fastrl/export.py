@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from fastrl.config import UserError
-from fastrl.envs.spaces import _torch_dtype, observation_format, pack_observation
+from fastrl.envs.spaces import observation_format, pack_observation
 from fastrl.envs.stats import normalize_observation
 
 FORMATS = ("onnx", "torchscript")
@@ -76,9 +76,9 @@ class RawPolicy(nn.Module):
 
 
 class EnvInputs(nn.Module):
-    """``raw`` (a ``RawPolicy``) over the env's own observations: ``forward(*inputs)``, one tensor per input name
-    (``names``), batch first, as the module docstring describes; a Dict's entries are packed here as the env packs
-    them (``pack_observation``), so every entry, whatever its key, reaches the policy as it does in training."""
+    """``raw`` (a ``RawPolicy``) over the env's own observations: ``forward(*inputs)``, one tensor per input, batch
+    first, as the module docstring describes; a Dict's entries are packed here as the env packs them
+    (``pack_observation``), so every entry, whatever its key, reaches the policy as it does in training."""
 
     def __init__(self, raw: RawPolicy, layout: tuple | None, hwc: bool, scalar: bool):
         super().__init__()
@@ -99,9 +99,8 @@ def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
     form = observation_format(space, agent.config.env)
     raw = copy.deepcopy(agent.raw_policy).cpu().requires_grad_(False)  # so a traced module's action needs no grad
     if form.layout is not None:
-        subspaces = [space.spaces[part.key] for part in form.layout]
-        example = {part.key: torch.zeros(2, *sub.shape, dtype=_torch_dtype(sub.dtype))
-                   for part, sub in zip(form.layout, subspaces)}
+        entries = {part.key: space.spaces[part.key] for part in form.layout}
+        example = {key: torch.zeros(2, *sub.shape, dtype=observation_format(sub, key).dtype) for key, sub in entries.items()}
         return EnvInputs(raw, form.layout, False, False).eval(), example
     hwc = form.hwc or form.image_key is not None
     scalar = not hwc and getattr(space, "shape", None) == ()
@@ -111,9 +110,13 @@ def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
 
 
 def export_target(path: str | os.PathLike, format: str) -> Path:
-    """``path`` as a Path, once ``format`` is known and ``path``'s directory exists (else a one-line UserError)."""
+    """``path`` as a Path, once ``format`` is known, the packages it needs are installed and ``path``'s directory
+    exists (else a one-line UserError)."""
     if format not in FORMATS:
         raise UserError(f"unknown export format {format!r}; pick one of {', '.join(FORMATS)}")
+    missing = [name for name in ("onnx", "onnxscript") if format == "onnx" and importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"ONNX export needs {' and '.join(missing)}: pip install 'fastrl[export]'")
     path = Path(path)
     if not path.parent.is_dir():
         raise UserError(f"cannot write {str(path)!r}: its directory {str(path.parent)!r} does not exist; create it "
@@ -134,11 +137,8 @@ def export(agent, path: str | os.PathLike, format: str = "onnx") -> Path:
         if format == "torchscript":
             torch.jit.save(torch.jit.trace(model, args), str(path))
             return path
-        missing = [name for name in ("onnx", "onnxscript") if importlib.util.find_spec(name) is None]
-        if missing:
-            raise UserError(f"ONNX export needs {' and '.join(missing)}: pip install 'fastrl[export]'")
-        names = list(example)
         batch = torch.export.Dim("batch")
-        torch.onnx.export(model, args, str(path), input_names=names, output_names=["action"], dynamo=True, verbose=False,
-                          dynamic_shapes=(({0: batch},) * len(args),), external_data=False)
+        # forward(*inputs) takes one argument, the tuple of inputs: one spec per input, in a tuple of its own
+        torch.onnx.export(model, args, str(path), input_names=list(example), output_names=["action"], dynamo=True,
+                          verbose=False, dynamic_shapes=(({0: batch},) * len(args),), external_data=False)
     return path
