@@ -6,12 +6,13 @@ deterministic=True)`` gives them. ``RawPolicy`` is that function as one ``nn.Mod
     session = onnxruntime.InferenceSession("policy.onnx")
     action = session.run(["action"], {"obs": obs_batch})[0]
 
-The file's inputs, batch first (any batch size): ``obs`` ``[B, *shape]`` in the env's dtype (float64 as float32), ``shape`` as one env
-hands it out (a channels-last image as ``[H, W, C]``, a Discrete observation as ``[B]``, with the time feature
-appended when the run used one); a Dict observation gives one input per key, named by the key, in the order fastrl
-packs them (``fastrl.envs.spaces.dict_layout``; TorchScript: positional, in that order), each entry reaching the
-policy as it does in training, whatever its key; MiniGrid's Dict, its ``image``. The output ``action``: int64 ``[B]``
-(Discrete), ``[B, k]`` (MultiDiscrete, MultiBinary) or float32 ``[B, *action_shape]`` within the Box bounds.
+The file's inputs, batch first (any batch size): ``obs`` ``[B, *shape]`` in the env's dtype (float64 as float32),
+``shape`` as one env hands it out (a channels-last image as ``[H, W, C]``, a Discrete observation as ``[B]``, with the
+time feature appended when the run used one); a Dict observation gives one input per key, named by the key, in the
+order fastrl packs them (``fastrl.envs.spaces.dict_layout``; TorchScript: positional, in that order), each entry
+reaching the policy as it does in training, whatever its key; MiniGrid's Dict, its ``image``. The output ``action``:
+int64 ``[B]`` (Discrete), ``[B, k]`` (MultiDiscrete, MultiBinary) or float32 ``[B, *action_shape]`` within the Box
+bounds.
 """
 from __future__ import annotations
 
