@@ -102,7 +102,8 @@ def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
     raw = copy.deepcopy(agent.raw_policy).cpu().requires_grad_(False)  # so a traced module's action needs no grad
     if form.layout is not None:
         entries = {part.key: space.spaces[part.key] for part in form.layout}
-        example = {key: torch.zeros(2, *sub.shape, dtype=observation_format(sub, key).dtype) for key, sub in entries.items()}
+        example = {key: torch.zeros(2, *sub.shape, dtype=observation_format(sub, key).dtype)
+                   for key, sub in entries.items()}
         return EnvInputs(raw, form.layout, False, False).eval(), example
     hwc = form.hwc or form.image_key is not None
     scalar = not hwc and getattr(space, "shape", None) == ()

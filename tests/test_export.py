@@ -141,7 +141,8 @@ def test_export_command_errors_are_one_line(one_iteration_run, capsys, tmp_path,
 def test_onnx_export_without_its_packages_names_the_extra(one_iteration_run, capsys, tmp_path, monkeypatch):
     import importlib.util
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnxscript" else find_spec(name, *a))
     from fastrl.cli import main
     assert main(["export", str(one_iteration_run), "--out", str(tmp_path / "f.onnx")]) == 2
     err = capsys.readouterr().err.strip()
