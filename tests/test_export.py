@@ -1,8 +1,8 @@
 """fastrl export / Agent.export: the ONNX file (run by onnxruntime) and the TorchScript file (torch.jit.load) give, on
 1,000 raw observations, the actions ``agent.predict(obs, deterministic=True)`` gives: identical discrete actions
 (CartPole, MultiDiscrete, a CNN on channels-last uint8 frames, two Dict observations) and continuous ones within
-1e-5 (Pendulum, with observation normalization and actions past the bounds, clamped). The command end to end, its
-one-line errors, and its --help without torch."""
+1e-5 (Pendulum, with observation normalization and actions past the bounds, clamped); a masked policy's
+``action_mask`` is one more input. The command end to end, its one-line errors, and its --help without torch."""
 import subprocess
 import sys
 
@@ -157,3 +157,19 @@ def test_export_help_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "--format" in proc.stdout and "--out" in proc.stdout
+
+
+def test_a_masked_policy_takes_its_mask_as_one_more_input(tmp_path):
+    """Action masking (``fastrl.envs.masks``, merged from its own branch): the Dict's ``action_mask`` is an input
+    like any entry, and the files pick predict's actions, every one of them valid."""
+    pytest.importorskip("fastrl.envs.masks")
+    from benchmarks.masking import DictMaskedChoice
+    agent = _agent(fastrl.train(env=DictMaskedChoice, run_dir=tmp_path / "run", **BRIEF).run_dir)
+    obs = _observations(agent)
+    obs["action_mask"][:, 0] = 1  # some action is always valid
+    expected, _ = agent.predict(obs, deterministic=True)
+    assert len(np.unique(expected)) > 1 and obs["action_mask"][np.arange(len(expected)), expected].all()
+    for fmt in ("onnx", "torchscript"):
+        path = agent.export(tmp_path / f"policy.{fmt}", format=fmt)
+        inputs = {"observation": obs["observation"], "action_mask": obs["action_mask"]}  # the mask packed last
+        _assert_same_actions(_run_file(path, fmt, inputs), expected, continuous=False)
