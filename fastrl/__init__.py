@@ -12,15 +12,16 @@ config itself. The names below are imported on first use, so ``import fastrl`` s
 
 The map: data flows left to right, and a package imports only those to its left (``fastrl.kernels``: torch only)::
 
-    config -> envs -> learn -> distributed -> run -> api, collector -> cli, train
+    config -> envs -> learn -> distributed -> run -> export, api, collector -> cli, train
     config.py     the typed Config; beside it defaults, errors, names, signals, hints, bounded_yaml, _startup
     envs/         EnvPool, Gymnasium, TorchRL and torch-native envs, their spaces, the rollout buffer they fill
     learn/        models, losses, optimizers, the pure update (given envs' observation shapes and action specs)
     distributed/  torchrun ranks, IMPALA/APPO actor processes and Ray actors, async collection, seeds
     run/          the iteration, the trainers, the loop, checkpoints, run dirs, logging, evaluation;
                   session.run(cfg) is one run whatever the door
+    export.py     the policy of raw observations (RawPolicy, which Agent.act runs) as an ONNX or TorchScript file
     api.py        train / load / evaluate / Agent; collector.py: TorchRL's Collector over a Trainer
-    cli/          fastrl train | eval | tune | plot; train.py is ``python -m fastrl.train``
+    cli/          fastrl train | eval | export | tune | plot; train.py is ``python -m fastrl.train``
 """
 import importlib
 import importlib.util

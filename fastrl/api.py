@@ -8,6 +8,7 @@
     action = agent.act(obs)                                      # one observation or a batch, numpy or torch
     action, _ = agent.predict(obs)                               # the same, as Stable-Baselines3 returns it
     agent.save("agent.pt"); agent = fastrl.load("agent.pt")      # one self-contained file
+    agent.export("policy.onnx")                                  # for onnxruntime (or format="torchscript")
     run = agent.learn(50_000)                                    # 50k more steps, in a new run directory
     returns = agent.evaluate(episodes=10)                        # numpy [seeds * episodes]
 
@@ -31,7 +32,8 @@ from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
 from fastrl.envs.masks import observation_with_masks
 from fastrl.envs.registry import env_name
 from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
-from fastrl.envs.stats import RunningMeanStd, normalize_observation
+from fastrl.envs.stats import RunningMeanStd
+from fastrl.export import RawPolicy
 
 
 def train(
@@ -204,33 +206,6 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
     given["n_envs"], given["eval_episodes"] = n_envs, 0
 
 
-class _RawIO:
-    """Hooks that make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast
-    to the env's dtype and normalized by the saved statistics (when the run normalized observations) before
-    ``forward``; the action clamped to ``bounds`` (continuous actions) and a single observation's batch axis dropped
-    after it. A class, not closures, so a module holding them still pickles (``torch.save(agent.policy)``)."""
-
-    def __init__(self, shape: tuple, dtype: torch.dtype, obs_rms: RunningMeanStd | None, clip: float,
-                 bounds: tuple | None):
-        self.shape, self.dtype, self.obs_rms, self.clip, self.bounds = shape, dtype, obs_rms, clip, bounds
-        self.single = False  # what before() saw, for after() (the calls of one forward do not interleave)
-
-    def install(self, policy: torch.nn.Module) -> None:
-        policy.register_forward_pre_hook(self.before)
-        policy.register_forward_hook(self.after)
-
-    def before(self, module, args):
-        x = args[0].to(self.dtype)
-        self.single = x.dim() == len(self.shape)
-        x = x.unsqueeze(0) if self.single else x
-        return (x if self.obs_rms is None else normalize_observation(x, self.obs_rms, self.clip), *args[1:])
-
-    def after(self, module, args, action):
-        if self.bounds is not None:
-            action = torch.clamp(action.float(), *self.bounds)
-        return action[0] if self.single else action
-
-
 def policy_name(cls: type) -> str:
     """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
     name = f"{cls.__module__}:{cls.__qualname__}"
@@ -330,12 +305,14 @@ def _probe(probe, cfg: Config, hint: str):
 
 class Agent:
     """A trained policy. ``act(obs)`` / ``predict(obs)`` act; ``evaluate()`` plays whole episodes on fresh envs;
-    ``save(path)`` writes it to one file; ``learn(steps)`` trains it further.
+    ``save(path)`` writes it to one file; ``export(path)`` writes its policy for onnxruntime or libtorch;
+    ``learn(steps)`` trains it further.
 
     ``config`` is the run's ``Config``, ``policy`` the ``nn.Module`` (``act_deterministic``,
     ``get_action_and_value``), ``observation_space`` / ``action_space`` one env's Gymnasium spaces (read from the
     checkpoint, or from one env built for an older checkpoint), ``observation_shape`` / ``observation_dtype`` /
-    ``action_spec`` what the policy takes and gives, ``path`` the checkpoint it came from. ``env_named``: whether the
+    ``action_spec`` what the policy takes and gives, ``raw_policy`` the ``fastrl.export.RawPolicy`` that ``act`` runs
+    (raw observations in, env actions out), ``path`` the checkpoint it came from. ``env_named``: whether the
     user named the env (else a saved ``module:Name`` env is refused where an env must be stepped).
 
     ``policy(obs)`` (its ``forward``, for fastrl's models) is the deterministic action of raw observations (one or a
@@ -364,17 +341,16 @@ class Agent:
         load_weights(self.policy, state["model"], f"checkpoint {path}" if path else "this agent's state")
         self.policy.to(device).eval()
         self.normalizer = state.get("normalizer")
-        self._obs_rms = None
+        obs_rms = bounds = None
         if cfg.normalize_obs and self.normalizer is not None:
-            self._obs_rms = RunningMeanStd(self.observation_shape)
-            self._obs_rms.load_state_dict(self.normalizer["obs_rms"])
-            self._obs_rms.mean, self._obs_rms.var = self._obs_rms.mean.to(device), self._obs_rms.var.to(device)
+            obs_rms = RunningMeanStd(self.observation_shape)
+            obs_rms.load_state_dict(self.normalizer["obs_rms"])
         if spec.kind == "continuous":
-            self._low = torch.tensor(spec.low, dtype=torch.float32, device=device).view(spec.shape)
-            self._high = torch.tensor(spec.high, dtype=torch.float32, device=device).view(spec.shape)
+            bounds = tuple(torch.tensor(b, dtype=torch.float32).view(spec.shape) for b in (spec.low, spec.high))
+        # Raw observations in, env actions out: what act runs, policy(obs) gives and export writes.
+        self.raw_policy = RawPolicy(self.policy, shape, form.dtype, obs_rms, cfg.obs_clip, bounds).to(device)
         if hasattr(self.policy, "act_deterministic"):  # fastrl's models (a custom policy keeps its own forward)
-            _RawIO(self.observation_shape, self.observation_dtype, self._obs_rms, cfg.obs_clip,
-                   (self._low, self._high) if spec.kind == "continuous" else None).install(self.policy)
+            self.raw_policy.install()
 
     def __repr__(self) -> str:
         return (f"Agent(env={self.config.env!r}, algo={self.config.algo!r}, observation_shape={self.observation_shape}, "
@@ -444,17 +420,14 @@ class Agent:
             raise UserError("the observation holds NaN or Inf values; fix the env (or pass check_finite=False to act "
                             "on them anyway)")
         out_device = x.device
-        x = x.to(self.device).to(self.observation_dtype)
+        x = x.to(self.device)
         if single:
             x = x.unsqueeze(0)
-        if self._obs_rms is not None:
-            x = normalize_observation(x, self._obs_rms, self.config.obs_clip)
         if deterministic:
-            action = self.policy.act_deterministic(x)
+            action = self.raw_policy(x)
         else:
-            action = self.policy.get_action_and_value(x)[0]
-        if self.action_spec.kind == "continuous":
-            action = torch.maximum(torch.minimum(action.float(), self._high), self._low)
+            raw = self.raw_policy
+            action = raw.action(self.policy.get_action_and_value(raw.observation(x))[0])
         if single:
             action = action[0]
         return action.to(out_device) if returns_tensor else action.cpu().numpy()
@@ -478,6 +451,14 @@ class Agent:
         from fastrl.run.checkpoint import save_checkpoint
         return save_checkpoint(self._checkpoint_state(), Path(path))
 
+    def export(self, path: str | os.PathLike, format: str = "onnx") -> Path:
+        """Write the deterministic policy of raw observations, as ``predict(obs, deterministic=True)`` gives it
+        (normalizer, pixel scaling and action clamping inside), to ``path`` for onnxruntime (``format="onnx"``,
+        needs ``pip install 'fastrl[export]'``) or libtorch (``"torchscript"``); inputs and output: see
+        ``fastrl.export``. Returns the path."""
+        from fastrl.export import export
+        return export(self, path, format)
+
     @property
     def global_step(self) -> int:
         """Env steps this agent has trained for."""
@@ -488,7 +469,7 @@ class Agent:
         directory (``run_dir``, default ``runs/<env>__<algo>__<seed>__<time>``) continues the checkpoint, optimizer
         state and step count included, to the budget ``global_step + steps`` (the learning-rate schedule is
         stretched over that new total; ``overrides``: config keys, e.g. ``lr``). The agent then holds the new
-        weights; returns the ``Run``."""
+        weights and observation statistics; returns the ``Run``."""
         from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
         from fastrl.run.rundir import default_run_dir, holds_run
         if not isinstance(steps, int) or isinstance(steps, bool) or steps <= 0:
@@ -502,8 +483,9 @@ class Agent:
         names = {key: getattr(self.config, key) for key in CODE_KEYS if getattr(self.config, key)}  # given to load
         run = train(resume=start, total_steps=self.global_step + steps, callbacks=callbacks, **{**names, **overrides})
         trained = load(run.run_dir, device=str(self.device), **names) if run.run_dir is not None else self
-        self._state, self.path, self.config = trained._state, trained.path, trained.config
-        self.policy.load_state_dict(trained.policy.state_dict())
+        self._state, self.path, self.config, self.normalizer = trained._state, trained.path, trained.config, \
+            trained.normalizer
+        self.raw_policy.load_state_dict(trained.raw_policy.state_dict())  # the weights and the observation statistics
         return run
 
     def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,

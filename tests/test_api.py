@@ -382,6 +382,8 @@ def test_save_to_one_file_load_it_and_train_it_further(tmp_path, cartpole_agent)
     assert run.run_dir == tmp_path / "more" and run.summary["resumed_from_step"] == 128
     assert run.summary["total_steps"] == 192 and loaded.global_step == 192
     assert any(not torch.equal(a, b) for a, b in zip(before, loaded.policy.parameters())), "it trained"
+    trained = fastrl.load(run.run_dir)  # act runs the new weights and the new observation statistics
+    assert torch.equal(loaded.raw_policy.mean, trained.raw_policy.mean) and np.array_equal(loaded.act(obs), trained.act(obs))
     assert loaded.path == run.run_dir / "checkpoints" / "ckpt_000000000192.pt"
     assert "already holds a run" in one_line_error(loaded.learn, 64, run_dir=tmp_path / "more")
     assert "positive int" in one_line_error(loaded.learn, 0)

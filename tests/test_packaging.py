@@ -26,7 +26,7 @@ def _fastrl(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_command_answers_help_with_exit_0():
     commands = re.search(r"\{([a-z,]+)\}", USAGE).group(1).split(",")
-    assert commands == ["train", "tune", "eval", "plot", "bench"], commands
+    assert commands == ["train", "tune", "eval", "export", "plot", "bench"], commands
     for args in ([], *([command] for command in commands)):
         proc = _fastrl(*args, "--help")
         assert proc.returncode == 0, (args, proc.stderr[-2000:])

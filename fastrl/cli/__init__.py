@@ -1,4 +1,4 @@
-"""The ``fastrl`` console script: ``fastrl train|tune|eval|plot|bench`` (``train``: ``fastrl.cli.train``, also
+"""The ``fastrl`` console script: ``fastrl train|tune|eval|export|plot|bench`` (``train``: ``fastrl.cli.train``, also
 ``python -m fastrl.train``; ``tune``: ``fastrl.cli.tune``). Nothing heavy is imported before a command runs, so
 ``--help`` answers at once."""
 from __future__ import annotations
@@ -9,13 +9,14 @@ import sys
 
 from fastrl.config import UserError
 
-USAGE = """usage: fastrl {train,tune,eval,plot,bench} ... | fastrl --version
+USAGE = """usage: fastrl {train,tune,eval,export,plot,bench} ... | fastrl --version
 
   fastrl train [--config FILE|NAME] [--algo ppo] [--env ID] [--n-envs N] ...   train (see fastrl train --help)
   fastrl tune --space FILE [--config FILE|NAME] [--trials N] [--batch B] [--trial-seeds S] [--trial-steps N]
               [--dir DIR] [train flags ...]      search hyperparameters with Optuna (pip install "fastrl[tune]");
                                                  DIR/best.yaml is the best trial's --config (see fastrl tune --help)
   fastrl eval CKPT [--episodes N] [--seeds K] [--stochastic] [--device DEV] [--env ID]   evaluate a checkpoint
+  fastrl export RUN --out FILE [--format onnx|torchscript]                    the policy for onnxruntime / libtorch
   fastrl plot RUN [RUN ...] [--out FILE]                                       learning curves to a PNG
   fastrl bench [PART ...] [--quick] [--out-dir DIR]                            run benchmarks (see fastrl bench --help)
   fastrl bench --profile gpu [--dry-run]                                       the one-GPU profile, under 8 minutes
@@ -91,6 +92,31 @@ def eval_main(argv: list[str]) -> int:
     return 0 if print_result(line) else 1
 
 
+def export_main(argv: list[str]) -> int:
+    parser = _Parser(prog="fastrl export", description="Write a run's deterministic policy of raw observations (its "
+                     "observation normalizer, pixel scaling and action clamping inside) for onnxruntime or libtorch "
+                     "alone: what fastrl.load(RUN).predict(obs, deterministic=True) gives. Inputs: obs (a Dict "
+                     "observation: one per key), batch first; output: action.")
+    parser.add_argument("run", help="run directory (its newest checkpoint) or checkpoint file")
+    parser.add_argument("--format", default="onnx", metavar="onnx|torchscript",
+                        help="onnx (default; pip install 'fastrl[export]') or torchscript (torch.jit.load runs it)")
+    parser.add_argument("--out", required=True, help="the file to write")
+    parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
+    parser.add_argument("--policy", default=None, help="the run's custom policy class, module:ClassName or "
+                        "path/to/file.py:ClassName (required when the run had one)")
+    try:
+        args = parser.parse_args(argv)  # --help exits here, before torch is imported
+        from fastrl.api import load
+        from fastrl.export import export_target
+        export_target(args.out, args.format)  # before the checkpoint loads
+        path = load(args.run, member=args.member, policy=args.policy).export(args.out, args.format)
+    except UserError as e:
+        print(f"fastrl export: error: {e}", file=sys.stderr)
+        return 2
+    from fastrl.run.console import print_result
+    return 0 if print_result(f"wrote {path} ({args.format})") else 1
+
+
 def bench_main(argv: list[str]) -> int:
     """The benchmarks live in a source checkout's ``benchmarks/`` folder, beside ``fastrl/``: they are not installed
     (the package installs the top-level name ``fastrl`` only), so an install from a checkout (``pip install -e .``)
@@ -125,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         return tune_main(rest)
     if command == "eval":
         return eval_main(rest)
+    if command == "export":
+        return export_main(rest)
     if command == "plot":
         from fastrl.run.plot import plot_main
         return plot_main(rest)
     if command == "bench":
         return bench_main(rest)
-    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, plot or bench", file=sys.stderr)
+    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench", file=sys.stderr)
     return 2
 
 
