@@ -30,8 +30,19 @@ SUMMARY_KEYS = {"algo", "env", "seed", "total_steps", "wall_time_s", "sps", "epi
 LEARNING_SEEDS = (1, 2, 3)
 
 
+# Files whose tests start clusters (torchrun's two ranks on a shared rendezvous port, Ray heads): under
+# ``pytest -n 2 --dist loadgroup`` (the README's command) they run one at a time, on one worker.
+CLUSTER_FILES = {"test_distributed.py", "test_run_owner.py", "test_ray_actors.py"}
+
+
 def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:.*precision lowered by casting to float32.*:UserWarning")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in CLUSTER_FILES:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
 
 
 def one_line_error(fn, *args, **kwargs) -> str:
