@@ -12,6 +12,11 @@ _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 6, 6, 80, 80
 
 
+def first_line(error: BaseException, default: str = "") -> str:
+    """The first line of ``str(error)`` (``default`` when it has none): what a one-line message quotes of an error."""
+    return (str(error).strip().splitlines() or [default])[0]
+
+
 def brief(value, limit: int = 80) -> str:
     """``repr(value)`` cut to about ``limit`` characters, without expanding it first (an alias bomb's value is
     billions of items deep in references): what error messages show of a value."""

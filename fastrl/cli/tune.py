@@ -57,6 +57,7 @@ from pathlib import Path
 from fastrl.cli.flags import ArgParser, parse_cli_overrides
 from fastrl.config import _TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable
 from fastrl.defaults import VARY_KEYS, YAML_IGNORED
+from fastrl.errors import first_line
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -177,7 +178,7 @@ def load_space(path: str) -> list[Param]:
         raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
                         "--space") from None
     except yaml.YAMLError as e:
-        raise UserError(f"space file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"space file {path!r} is not valid YAML: {first_line(e)}") from None
     return parse_space(data, f"space file {path}")
 
 
@@ -486,8 +487,8 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         print(json.dumps({"finished_trials": len(finished_trials(study)), "study": storage, **(best or {})}))
         return 0
     except sqlalchemy.exc.SQLAlchemyError as e:  # a truncated, overwritten or foreign study.db
-        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
-        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used ({brief(reason, 120)}): it is "
+        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used "
+                        f"({brief(first_line(getattr(e, 'orig', None) or e), 120)}): it is "
                         "damaged or not a fastrl study; move it away, or pass another --dir, to start anew") from None
     finally:
         lock.release()

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from fastrl.config import Config, UserError, parse_resources
+from fastrl.errors import first_line
 from fastrl.distributed.actors import (A_BEAT, A_ENV, A_POLICY, A_ROLLOUTS, A_STEPS, A_WAIT, STARTUP_GRACE_S,
                                        RolloutCollector, SlotRing, flat_weights, load_flat_weights)
 from fastrl.distributed.async_collect import RolloutViews
@@ -173,8 +174,7 @@ def connect(cfg: Config) -> bool:
     try:
         ray.init(address=address, _node_ip_address="127.0.0.1" if host in LOOPBACK else None, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"cannot join the Ray cluster at {address} ({first}): start it with ray start --head on the "
+        raise UserError(f"cannot join the Ray cluster at {address} ({first_line(e, type(e).__name__)}): start it with ray start --head on the "
                         "learner node, or pass --ray-address auto") from None
     return True
 
@@ -394,7 +394,7 @@ class RayActorPool:
             self.failures += 1
             if self.failures > 10 * self.cfg.n_actors:
                 raise RuntimeError(f"ray actors failed {self.failures} times (the budget is 10 per actor); the last: "
-                                   f"{(str(error).strip().splitlines() or [type(error).__name__])[0]}")
+                                   f"{first_line(error, type(error).__name__)}")
             self.failing[actor_id] = True
             self.backoff[actor_id] = RETRY_MIN_S
             self.produced[actor_id] = False  # the next incarnation gets the start-up grace

@@ -34,6 +34,7 @@ import torch
 
 from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
+from fastrl.errors import first_line
 from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
                                      watched_vector_env)
 from fastrl.envs.registry import (VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
@@ -106,8 +107,7 @@ def make_checked_env(env_id: str, make_one, kwargs: dict):
     except UserError:
         raise
     except Exception as e:  # the env's constructor (a space too large to allocate included): the user's code
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"env {env_id!r} could not be built: {type(e).__name__}: {first[:120]}; fix the env's "
+        raise UserError(f"env {env_id!r} could not be built: {type(e).__name__}: {first_line(e)[:120]}; fix the env's "
                         "constructor (try it alone: gymnasium.make or calling the class)") from None
     if not isinstance(env, gymnasium.Env):
         raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
@@ -175,7 +175,7 @@ class BatchedEnv:
                     self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
                     obs_space, act_space = self._env.observation_space, self._env.action_space
             except (TypeError, ValueError, RuntimeError) as e:
-                raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
+                raise UserError(f"EnvPool could not build {env_id!r}: {first_line(e)}") from None
         elif lookup_id in VECTOR_ENVS:
             # The user's vector env, stepped as it is (its n_envs); a probe (n_envs=1) only reads its spaces.
             self._env = VECTOR_ENVS[lookup_id]
@@ -445,8 +445,7 @@ def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None, time_fea
         env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None,
                          time_feature=time_feature)
     except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
+        raise UserError(f"{env_id!r} needs a package that is not installed: {first_line(e, type(e).__name__)}") from None
     try:
         return (tuple(env.observation_shape), env.observation_dtype, env.action_spec,
                 (env.observation_space, env.action_space))

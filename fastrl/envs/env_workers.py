@@ -22,6 +22,7 @@ import threading
 import time
 
 from fastrl.config import UserError
+from fastrl.errors import first_line
 from fastrl.signals import set_waiting, waiting_on_env
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -74,8 +75,7 @@ class EnvCodeError(RuntimeError):
         skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(os.path.dirname(__file__)))
         frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
         trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
-        first = (str(error).strip().splitlines() or ["?"])[0]
-        return cls(first, type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
+        return cls(first_line(error, "?"), type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
 
 
 class EnvError(UserError):
@@ -92,8 +92,7 @@ class EnvError(UserError):
             message = f"env {env_id!r}: {error}, then continue the run with --resume"
         else:
             kind = getattr(error, "kind", "") or type(error).__name__
-            first = (str(error).strip().splitlines() or ["?"])[0]
-            message = (f"env {env_id!r} raised {kind} in {call}(): {first}; fix the env (its traceback is above), "
+            message = (f"env {env_id!r} raised {kind} in {call}(): {first_line(error, '?')}; fix the env (its traceback is above), "
                        "then continue the run with --resume")
         super().__init__(message)
 

@@ -28,12 +28,8 @@ AUTO_SYNC_STEPS = 10_000
 
 def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.Tensor, finished: int) -> None:
     """Count ``finished`` episodes into ``stats`` and put the last of them (``returns`` / ``lengths``) in its ring."""
-    k = returns.numel()
-    if k:
-        slots = torch.arange(stats.count + finished - k, stats.count + finished) % stats.window
-        stats.returns[slots] = returns.double()
-        stats.lengths[slots] = lengths.long()
-    stats.count += finished
+    stats.count += finished - returns.numel()  # the episodes not kept still count
+    stats.record(returns.double().numpy(), lengths.long().numpy())
 
 
 class ActorLearnerTrainer(TrainerDefaults):

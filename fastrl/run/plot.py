@@ -8,11 +8,11 @@ its Agg canvas: no display is needed and the process-wide backend is left alone.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from fastrl.config import UserError, brief
+from fastrl.errors import first_line
 
 # The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
 RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
@@ -83,23 +83,13 @@ def _run_names(run_dirs: list[Path]) -> list[str]:
     return names
 
 
-def _summary(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _env_of(run_dir: Path) -> str:
-    """The env a run trained on: summary.json's, else config.yaml's, else "" (unknown)."""
-    env = _summary(run_dir).get("env")
-    if not env:
-        try:
-            from fastrl import bounded_yaml
-            env = (bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
-        except (OSError, ValueError, AttributeError, ImportError, bounded_yaml.yaml.YAMLError):
-            env = None
-    return str(env or "")
+    """The env a run trained on: its config.yaml's (written before its first metric), else "" (unknown)."""
+    from fastrl import bounded_yaml
+    try:
+        return str((bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env") or "")
+    except (OSError, ValueError, AttributeError, bounded_yaml.yaml.YAMLError):
+        return ""
 
 
 def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) -> tuple[int, bool]:
@@ -205,7 +195,7 @@ def write_run_plot(run_dir: str | Path) -> Path | None:
         print("fastrl: warning: no learning_curve.png: matplotlib is not installed (pip install matplotlib, or "
               "--plot false)", file=sys.stderr)
     except Exception as e:  # noqa: BLE001  (the run's files are written; the plot is an extra)
-        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {first_line(e)}",
               file=sys.stderr)
     return None
 

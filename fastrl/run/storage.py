@@ -8,18 +8,18 @@ import math
 import os
 from pathlib import Path
 
-from fastrl.config import UserError
+from fastrl.errors import UserError, first_line
 
 # What a full (or quota-limited) file system raises, as errno values; torch.save raises RuntimeError instead.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} GB"
 
 
 def free_bytes(path: Path) -> int | None:
@@ -49,7 +49,7 @@ def write_error(what: str, path: Path, error: BaseException, needed: int, hint: 
         left = f", {_size(free)} free" if free is not None else ""
         return UserError(f"no space left on device for {what} {path} (it needs about {_size(needed)}{left}): free disk "
                          f"space{hint}")
-    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    reason = getattr(error, "strerror", None) or first_line(error)
     return UserError(f"could not write {what} {path}: {reason}{hint}")
 
 
