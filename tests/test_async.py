@@ -63,7 +63,7 @@ class _MixedRecv:
         self.ready = [self.ready[k] for k in order[self.env.group_size:]]
         ids = np.array([p[0] for p in picked], dtype=np.int64)
         stacked = [torch.stack([p[j] for p in picked]) for j in range(1, 7)]
-        return AsyncStep(ids, *stacked)
+        return AsyncStep(*stacked, env_ids=ids)
 
 
 def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=None):

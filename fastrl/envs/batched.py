@@ -282,36 +282,42 @@ class BatchedEnv:
         self.stats.running_length.zero_()
         return self._obs(obs)
 
+    def _action(self, action: torch.Tensor) -> np.ndarray:
+        """``action`` (CPU tensor, see ActionSpec) as the env takes it: a continuous one clipped to the Box; the
+        space's own dtype where it has one (MultiDiscrete, MultiBinary, Box)."""
+        if self.action_spec.kind == "continuous":
+            action = torch.maximum(torch.minimum(action, self._high), self._low)
+        act = action.numpy()
+        return act if self._np_action_dtype is None else act.astype(self._np_action_dtype, copy=False)
+
+    def _flags(self, reward, terminated, truncated, info, stats: EpisodeStats, env_ids=None) -> tuple:
+        """``(reward, terminated, truncated, valid, done)`` of one step of the envs ``env_ids`` (None: all) as numpy
+        arrays (cheaper than torch at these sizes), ``_prev_done`` and ``stats`` updated (Atari: by the game)."""
+        ids = slice(None) if env_ids is None else env_ids
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        reward = np.asarray(reward, dtype=np.float32)
+        valid = ~self._prev_done[ids]
+        done = terminated | truncated
+        self._prev_done[ids] = done
+        if self._game_stats:
+            stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid, env_ids)
+        else:
+            stats.update(reward, done, valid, env_ids)
+        return reward, terminated, truncated, valid, done
+
     def step(self, action: torch.Tensor) -> EnvStep:
         """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
-        if self.action_spec.kind == "discrete":
-            act = action.numpy()
-            if self._np_action_dtype is not None:  # MultiDiscrete / MultiBinary: the space's own integer dtype
-                act = act.astype(self._np_action_dtype, copy=False)
-        else:
-            act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
         try:
-            obs, reward, terminated, truncated, info = self._env.step(act)
+            obs, reward, terminated, truncated, info = self._env.step(self._action(action))
         except Exception as e:  # noqa: BLE001
             if self.backend == "envpool":
                 raise
             raise EnvError(self.env_id, e, "step") from e
-        # The flags and statistics are computed in numpy (cheaper than torch at these sizes), then
-        # handed out as zero-copy tensors.
-        terminated = np.asarray(terminated, dtype=bool)
-        truncated = np.asarray(truncated, dtype=bool)
-        reward = np.asarray(reward, dtype=np.float32)
-        valid = ~self._prev_done
-        done = terminated | truncated
-        self._prev_done = done
+        flags = self._flags(reward, terminated, truncated, info, self.stats)
         if self._time_limit:  # a reset step starts its episode's count again
-            self._elapsed = np.where(valid, self._elapsed + 1, 0)
-        if self._game_stats:
-            self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid)
-        else:
-            self.stats.update(reward, done, valid)
-        return EnvStep(self._obs(obs), torch.from_numpy(reward), torch.from_numpy(terminated),
-                       torch.from_numpy(truncated), torch.from_numpy(valid), torch.from_numpy(done))
+            self._elapsed = np.where(flags[3], self._elapsed + 1, 0)
+        return EnvStep(self._obs(obs), *map(torch.from_numpy, flags))
 
     def close(self) -> None:
         """Idempotent: the run loop closes its trainer's env before the final evaluation and again on the way out."""
