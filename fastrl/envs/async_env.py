@@ -40,8 +40,8 @@ class AsyncStep(EnvStep):
     env_ids: np.ndarray = None
 
 
-def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = ASYNC_GROUPS,
-                      normalize: bool = False, processes: int = 1, who: str = "process") -> str | None:
+def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = ASYNC_GROUPS, processes: int = 1,
+                      who: str = "process") -> str | None:
     """Why ``env_id`` cannot run in async mode with ``n_envs`` envs per process (one line), or None when it can.
     ``processes``: how many processes (``who``: actors, ranks) share the run's n_envs, so the fix names the
     multiple of the run's own n_envs."""
@@ -53,9 +53,6 @@ def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = AS
                     f"(all {processes} {who}s' envs together) a multiple of {n_groups * processes}")
         return (f"async collection splits each process's {n_envs} envs into {n_groups} equal groups: make n_envs a "
                 f"multiple of {n_groups}")
-    if normalize:
-        return "async collection does not support normalize_obs/normalize_reward yet (their running statistics " \
-               "would depend on the order groups arrive in)"
     return None
 
 
@@ -142,8 +139,9 @@ def resolve_env_mode(cfg, n_envs: int) -> str:
     """
     if cfg.env_mode != "auto":
         return cfg.env_mode
-    if cfg.time_feature or async_unsupported(cfg.env, cfg.env_backend, n_envs,
-                                             normalize=cfg.normalize_obs or cfg.normalize_reward):
+    # normalize_* and time_feature run sync only (Config.validate refuses them with env_mode=async)
+    if cfg.time_feature or cfg.normalize_obs or cfg.normalize_reward or async_unsupported(cfg.env, cfg.env_backend,
+                                                                                          n_envs):
         return "sync"
     from fastrl.envs.batched import probe_env
     observation_shape = probe_env(cfg)[0]

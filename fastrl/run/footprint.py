@@ -27,12 +27,7 @@ SCALARS = 10  # per step: reward, done, terminated, value, log-prob, advantage, 
 
 
 def available_host_bytes() -> int | None:
-    """The host's available memory (psutil's when installed, else /proc/meminfo's MemAvailable), or None."""
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
+    """The host's available memory (/proc/meminfo's MemAvailable, what psutil reports on Linux too), or None."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

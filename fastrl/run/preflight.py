@@ -64,11 +64,8 @@ def check_launch(cfg: Config, world_size: int) -> None:
     """torchrun: impala/appo run their own processes; the PPO/A2C batch must split evenly across ranks."""
     if world_size <= 1:
         return
-    if cfg.algo in ACTOR_LEARNER_ALGOS and cfg.actors == "ray":
-        raise UserError(f"{cfg.algo} with --actors ray has one learner process, the Ray driver, on one device (DDP "
-                        "over several GPUs behind a Ray driver is not supported): launch it with python, not torchrun")
-    if cfg.algo in ACTOR_LEARNER_ALGOS:
-        raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
+    if cfg.algo in ACTOR_LEARNER_ALGOS:  # Ray actors too: one learner, the Ray driver, on one device
+        raise UserError(f"{cfg.algo} runs its own actor processes and one learner; launch it with python, not torchrun")
     if cfg.per_rank:
         rank_envs = cfg.n_envs
     else:
