@@ -280,8 +280,12 @@ class Config:
             self._validate_actor_learner()
         if self.n_seeds < 1:
             raise UserError(f"n_seeds must be >= 1, got {self.n_seeds}")
-        if self.population_size > 1 or self.vary:
-            self._validate_population()
+        if (self.population_size > 1 or self.vary) and self.algo in ACTOR_LEARNER_ALGOS:
+            raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
+                            "are processes of one agent): use --algo ppo or a2c, or run one job per seed")
+        if not 0 <= self.video_member < self.population_size:
+            raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
+                            f"0..{self.population_size - 1}")
         return self
 
     _BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "in [0, 1]": lambda v: 0.0 <= v <= 1.0}
@@ -296,14 +300,6 @@ class Config:
     def population_size(self) -> int:
         """Members of the run: n_seeds times every combination of vary (1 = a single run)."""
         return self.n_seeds * math.prod(len(values) for values in self.vary.values())
-
-    def _validate_population(self) -> None:
-        if self.algo in ACTOR_LEARNER_ALGOS:
-            raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
-                            "are processes of one agent): use --algo ppo or a2c, or run one job per seed")
-        if not 0 <= self.video_member < self.population_size:
-            raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
-                            f"0..{self.population_size - 1}")
 
     def _validate_actor_learner(self) -> None:
         self._require(("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"), "> 0")

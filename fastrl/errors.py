@@ -1,11 +1,19 @@
 """What a user error is, and how a value shows in one. Imports nothing of fastrl: every layer raises it, and the
 command line prints it as one line without a traceback (documented as ``fastrl.config.UserError``)."""
+import argparse
 import reprlib
 
 
 class UserError(Exception):
     """A mistake in what the user asked for: reported as one line, never with a traceback."""
     __module__ = "fastrl.config"  # its documented home, as tracebacks and pickles name it
+
+
+class ArgParser(argparse.ArgumentParser):
+    """The commands' parser: a bad command line is a UserError (one line, exit 2, no usage dump)."""
+
+    def error(self, message):
+        raise UserError(message)
 
 
 _BRIEF = reprlib.Repr()

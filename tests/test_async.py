@@ -77,7 +77,7 @@ def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=Non
         trainer.policy_step, features = _deterministic_policy(trainer.env.action_spec)
         trainer.bootstrap_value = features
         if mix_seed is not None:
-            trainer.async_collector.env = _MixedRecv(trainer.async_collector.env, mix_seed)
+            trainer.async_collector.rollout.env = _MixedRecv(trainer.async_collector.rollout.env, mix_seed)
         rollouts = []
         for _ in range(iterations):
             trainer.collect()

@@ -265,7 +265,7 @@ class TrialEvaluations:
 def _survivors_state(state: dict, keep: list[int]) -> dict:
     """The population checkpoint ``state`` cut to the members ``keep`` (a resume state for a smaller population)."""
     members = state.get("members", [state])
-    step = int(state["global_step"]) // len(members) if "members" in state else int(state["global_step"])
+    step = int(state["global_step"]) // len(members)
     return {"config": state["config"], "global_step": step * len(keep), "iteration": int(state["iteration"]),
             "members": [members[i] for i in keep]}
 
@@ -346,12 +346,12 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
     """``best.yaml``: the base config with the best complete trial's values, one seed, ``fastrl train --config``-ready
     (every key, as a run's config.yaml). Returns the figures, or None while no trial completed."""
     import yaml
-    from optuna.trial import TrialState
 
     from fastrl.run.storage import atomic_write
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial completed yet
         return None
-    best = study.best_trial
     values = coerce_values(best.params)
     cfg = dataclasses.replace(base, **values).validate()
     data = {key: value for key, value in cfg.to_dict().items() if key not in YAML_IGNORED}

@@ -122,7 +122,7 @@ class RolloutWorker:
                 load_flat_weights(self.collector.agent, torch.from_numpy(_fetch(ref)))
             self.loaded = newest
         finished, policy_s, env_s = self.collector.collect(self.views, self.bootstrap_observation,
-                                                          self.episode_return, self.episode_length, _no_beat)
+                                                          self.episode_return, self.episode_length, lambda: None)
         kept = min(finished, self.episode_return.numel())
         idle_s = 0.0 if self.last_return is None else max(0.0, start - self.last_return)
         self.last_return = time.perf_counter()
@@ -130,10 +130,6 @@ class RolloutWorker:
                 "episode_return": self.episode_return[:kept].numpy(), "episode_length": self.episode_length[:kept].numpy(),
                 "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
                 **self.identity}
-
-
-def _no_beat() -> None:
-    pass
 
 
 def _actor_context() -> tuple[bool, str]:
@@ -306,11 +302,6 @@ class RayActorPool:
         self._submit()
         return restarted
 
-    def _in_ring(self, actor_id: int) -> int:
-        """``actor_id``'s slots holding a result not yet trained on."""
-        owned = self.ring.owned(actor_id)
-        return int(np.count_nonzero(self.ring.state_np[owned.start:owned.stop]))
-
     def _submit(self) -> None:
         now = time.monotonic()
         version, ref = self.weights
@@ -323,7 +314,8 @@ class RayActorPool:
                     self._call(actor_id, version, ref)
                     self.retry_at[actor_id] = now + self.backoff[actor_id]
                 continue
-            for _ in range(self.ring.per_actor - calls - self._in_ring(actor_id)):
+            in_ring = np.count_nonzero(self.ring.state_np[self.ring.owned(actor_id)])  # results not yet trained on
+            for _ in range(self.ring.per_actor - calls - in_ring):
                 self._call(actor_id, version, ref)
 
     def _call(self, actor_id: int, version: int, ref) -> None:

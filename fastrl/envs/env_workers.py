@@ -220,12 +220,6 @@ def _worker(*args, parent_pid: int):
     _async_worker(*args)
 
 
-def _wait_for_an_exit(processes, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while all(p.is_alive() for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def _how_it_ended(process) -> str:
     process.join(1.0)
     code = process.exitcode
@@ -277,7 +271,9 @@ def _async_vector_env():
                                f"{self.timeout_s:g} s (env_timeout_s); the workers were stopped: fix the env (or raise "
                                "env_timeout_s if it is only slow)") from None
             except (EOFError, BrokenPipeError, ConnectionResetError):
-                _wait_for_an_exit(self.processes)  # its pipe closes a moment before the process is reaped
+                deadline = time.monotonic() + 2.0  # its pipe closes a moment before the process is reaped
+                while all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
                 who = "; ".join(f"worker {i} of {n} (PID {p.pid}) {_how_it_ended(p)}" for i, p in dead)
                 self.close(terminate=True)

@@ -1,7 +1,6 @@
 """The IMPALA / APPO learner: the run loop's trainer over the actors' slot ring (``fastrl.distributed.actors``)."""
 from __future__ import annotations
 
-import random
 import time
 
 import numpy as np
@@ -9,7 +8,7 @@ import torch
 
 from fastrl.config import Config
 from fastrl.distributed.actors import A_ENV, A_POLICY, A_STEPS, A_WAIT, POLL_S, ActorPool, SlotRing, WeightBoard
-from fastrl.distributed.seeding import member_generator
+from fastrl.distributed.seeding import member_generator, seed_process
 from fastrl.envs.async_env import resolve_env_mode
 from fastrl.envs.batched import make_env
 from fastrl.envs.buffers import make_rollout_buffer
@@ -48,8 +47,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.cfg, self.device = cfg, device
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
+        seed_process(cfg.seed)
         torch.manual_seed(cfg.seed)
         probe = make_env(cfg, n_envs=1)
         obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec

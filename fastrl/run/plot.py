@@ -76,13 +76,6 @@ def member_bands(rows: list[dict]) -> dict:
     return bands
 
 
-def _run_names(run_dirs: list[Path]) -> list[str]:
-    names = [p.name for p in run_dirs]
-    if len(set(names)) < len(names):  # e.g. a/run and b/run: show the paths
-        names = [str(p) for p in run_dirs]
-    return names
-
-
 def _env_of(run_dir: Path) -> str:
     """The env a run trained on: its config.yaml's (written before its first metric), else "" (unknown)."""
     from fastrl import bounded_yaml
@@ -134,7 +127,9 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
     rows = [read_rows(p) for p in run_dirs]
     data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
     bands = [member_bands(run_rows) for run_rows in rows]
-    names = names or _run_names(run_dirs)
+    if not names:  # each run's directory name; their paths where two share one (a/run and b/run)
+        names = [p.name for p in run_dirs]
+        names = [str(p) for p in run_dirs] if len(set(names)) < len(names) else names
     colors = [f"C{i % 10}" for i in range(len(run_dirs))]
     groups: dict = {}
     for i, run_dir in enumerate(run_dirs):
@@ -202,13 +197,8 @@ def write_run_plot(run_dir: str | Path) -> Path | None:
 
 def plot_main(argv: list[str]) -> int:
     """``fastrl plot RUN [RUN ...] [--out FILE]``."""
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise UserError(message)
-
-    parser = Parser(prog="fastrl plot", description="Plot the learning curves of one or more runs into one PNG: mean "
+    from fastrl.errors import ArgParser
+    parser = ArgParser(prog="fastrl plot", description="Plot the learning curves of one or more runs into one PNG: mean "
                     "episode return against env steps and against wall time, evaluations marked.")
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each holds metrics.jsonl)")
     parser.add_argument("--out", default=None, help="PNG to write (default: RUN/learning_curve.png for one run, "

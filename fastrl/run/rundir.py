@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from fastrl.config import Config, UserError
+from fastrl.defaults import YAML_IGNORED
 from fastrl.distributed import torchrun
 from fastrl.run.runfiles import clear_run, refuse_links
 
@@ -136,14 +137,6 @@ def torchrun_job_key() -> str:
     return re.sub(r"[^\w.-]", "_", "-".join(parts))
 
 
-def config_differences(saved: dict, cfg: Config, keys=None) -> list[str]:
-    """The config keys (``keys``, default all but run_dir/resume/overwrite) whose values differ between a run's
-    saved config and ``cfg``."""
-    current = cfg.to_dict()
-    keys = keys or [k for k in current if k not in ("run_dir", "resume", "overwrite")]
-    return [k for k in keys if saved.get(k) != current.get(k)]
-
-
 def check_restart_owner(path: Path, cfg: Config) -> None:
     """A torchrun restart continues ``path`` only if that run is this job's: its saved config (seed included)
     must be ``cfg``."""
@@ -157,7 +150,8 @@ def check_restart_owner(path: Path, cfg: Config) -> None:
         saved = bounded_yaml.safe_load(saved_path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         saved = {}
-    differing = config_differences(saved if isinstance(saved, dict) else {}, cfg)
+    saved = saved if isinstance(saved, dict) else {}
+    differing = [k for k, v in cfg.to_dict().items() if k not in YAML_IGNORED and saved.get(k) != v]
     if differing:
         raise UserError(f"torchrun restart: run_dir {str(path)!r} holds another job's run (its config differs in "
                         f"{', '.join(differing)}); give each job its own --run-dir or --rdzv-id")
