@@ -69,7 +69,8 @@ def check_launch(cfg: Config, world_size: int) -> None:
     if world_size <= 1:
         return
     if cfg.algo in ACTOR_LEARNER_ALGOS:  # Ray actors too: one learner, the Ray driver, on one device
-        raise UserError(f"{cfg.algo} runs its own actor processes and one learner; launch it with python, not torchrun")
+        raise UserError(f"{cfg.algo} runs its own actor processes (local or Ray) and one learner, with no DDP across "
+                        "GPUs: launch it with python, not torchrun")
     if cfg.per_rank:
         rank_envs = cfg.n_envs
     else:
