@@ -19,7 +19,7 @@ import yaml
 from fastrl import bounded_yaml
 from fastrl.defaults import (ACTOR_LEARNER_ALGOS, ALGO_DEFAULTS, ALGOS, APPLIES_TO, SHAPE_KEYS, VARY_KEYS, YAML_IGNORED,
                              resolve_config_path)
-from fastrl.errors import UserError, brief
+from fastrl.errors import UserError, brief, first_line
 from fastrl.hints import key_hint, policy_hint
 
 
@@ -221,22 +221,15 @@ class Config:
             if isinstance(value, float) and not math.isfinite(value):
                 raise UserError(f"{f.name} must be a finite number, got {brief(value)}")
             choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise UserError(f"{f.name}={brief(getattr(self, f.name))} is not one of {', '.join(choices)}")
-        positive = ["n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval", "keep_checkpoints",
-                    "eval_seeds", "clip_coef", "env_timeout_s"]
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
-        non_negative = ["ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
-                        "env_threads", "checkpoint_interval", "eval_episodes", "obs_clip", "reward_clip",
-                        "eval_interval", "rollback_drop", "max_rollbacks"]
-        for name in non_negative:
-            if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {brief(getattr(self, name))}")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise UserError(f"{name} must be in [0, 1], got {brief(getattr(self, name))}")
+            if choices and value not in choices:
+                raise UserError(f"{f.name}={brief(value)} is not one of {', '.join(choices)}")
+        self._require(("n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval",
+                       "keep_checkpoints", "eval_seeds", "clip_coef", "env_timeout_s", "rollback_patience",
+                       "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"), "> 0")
+        self._require(("ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
+                       "env_threads", "checkpoint_interval", "eval_episodes", "obs_clip", "reward_clip",
+                       "eval_interval", "rollback_drop", "max_rollbacks"), ">= 0")
+        self._require(("gamma", "gae_lambda"), "in [0, 1]")
         if self.batch_size % self.n_minibatches:
             raise UserError(f"n_envs*n_steps={self.batch_size} is not divisible by n_minibatches={self.n_minibatches}; "
                             "pick n_minibatches that divides it")
@@ -262,9 +255,6 @@ class Config:
                             f"(got {self.n_epochs} and {self.n_minibatches})")
         if self.frame_skip <= 0 or self.frame_stack <= 0 or self.noop_max < 0:
             raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
-        for name in ("rollback_patience", "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
         if not 0.0 < self.rollback_lr_factor <= 1.0:
             raise UserError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
         if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
@@ -290,32 +280,31 @@ class Config:
             self._validate_actor_learner()
         if self.n_seeds < 1:
             raise UserError(f"n_seeds must be >= 1, got {self.n_seeds}")
-        if self.population_size > 1 or self.vary:
-            self._validate_population()
+        if (self.population_size > 1 or self.vary) and self.algo in ACTOR_LEARNER_ALGOS:
+            raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
+                            "are processes of one agent): use --algo ppo or a2c, or run one job per seed")
+        if not 0 <= self.video_member < self.population_size:
+            raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
+                            f"0..{self.population_size - 1}")
         return self
+
+    _BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "in [0, 1]": lambda v: 0.0 <= v <= 1.0}
+
+    def _require(self, names: tuple, bound: str) -> None:
+        """Raise UserError for the first of ``names`` whose value is not ``bound`` (a key of ``_BOUNDS``)."""
+        for name in names:
+            if not self._BOUNDS[bound](getattr(self, name)):
+                raise UserError(f"{name} must be {bound}, got {brief(getattr(self, name))}")
 
     @property
     def population_size(self) -> int:
         """Members of the run: n_seeds times every combination of vary (1 = a single run)."""
         return self.n_seeds * math.prod(len(values) for values in self.vary.values())
 
-    def _validate_population(self) -> None:
-        if self.algo in ACTOR_LEARNER_ALGOS:
-            raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
-                            "are processes of one agent): use --algo ppo or a2c, or run one job per seed")
-        if not 0 <= self.video_member < self.population_size:
-            raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
-                            f"0..{self.population_size - 1}")
-
     def _validate_actor_learner(self) -> None:
-        for name in ("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise UserError(f"{name} must be > 0, got {brief(getattr(self, name))}")
-        for name in ("sync_interval", "max_policy_lag"):
-            if getattr(self, name) < 0:
-                raise UserError(f"{name} must be >= 0, got {brief(getattr(self, name))}")
-        if not 0.0 <= self.vtrace_lambda <= 1.0:
-            raise UserError(f"vtrace_lambda must be in [0, 1], got {self.vtrace_lambda}")
+        self._require(("n_actors", "n_slots", "learner_batch", "rho_bar", "c_bar", "actor_timeout_s"), "> 0")
+        self._require(("sync_interval", "max_policy_lag"), ">= 0")
+        self._require(("vtrace_lambda",), "in [0, 1]")
         if self.n_envs % self.n_actors:
             raise UserError(f"n_envs={self.n_envs} (the envs of all actors together) does not split evenly among "
                             f"n_actors={self.n_actors}: make n_envs a multiple of n_actors")
@@ -466,7 +455,7 @@ def load_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError:
         raise UserError(f"config file {str(path)!r} is not text (not UTF-8): pass a YAML file") from None
     except yaml.YAMLError as e:
-        raise UserError(f"config file {str(path)!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"config file {str(path)!r} is not valid YAML: {first_line(e)}") from None
     if not isinstance(data, dict):
         raise UserError(f"config file {str(path)!r} must hold a mapping of key: value")
     return data

@@ -1,5 +1,6 @@
 """What a user error is, and how a value shows in one. Imports nothing of fastrl: every layer raises it, and the
 command line prints it as one line without a traceback (documented as ``fastrl.config.UserError``)."""
+import argparse
 import reprlib
 
 
@@ -8,8 +9,20 @@ class UserError(Exception):
     __module__ = "fastrl.config"  # its documented home, as tracebacks and pickles name it
 
 
+class ArgParser(argparse.ArgumentParser):
+    """The commands' parser: a bad command line is a UserError (one line, exit 2, no usage dump)."""
+
+    def error(self, message):
+        raise UserError(message)
+
+
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 6, 6, 80, 80
+
+
+def first_line(error: BaseException, default: str = "") -> str:
+    """The first line of ``str(error)`` (``default`` when it has none): what a one-line message quotes of an error."""
+    return (str(error).strip().splitlines() or [default])[0]
 
 
 def brief(value, limit: int = 80) -> str:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from fastrl.config import UserError, brief
+from fastrl.errors import first_line
 
 
 def names_code(value) -> bool:
@@ -44,9 +45,8 @@ def import_target(name: str, key: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001  (whatever the module raises, the user's fix is the same)
-        first = (str(e).strip().splitlines() or [""])[0]
         raise UserError(f"{key} {brief(name)}: importing module {brief(module_name)} failed ({type(e).__name__}: "
-                        f"{brief(first, 120)}); put it in the current directory or on PYTHONPATH, or fix the "
+                        f"{brief(first_line(e), 120)}); put it in the current directory or on PYTHONPATH, or fix the "
                         "name") from None
     if target.endswith(".py") and Path(getattr(module, "__file__", "") or "").resolve() != path:
         raise UserError(f"{key} {brief(name)}: module name {module_name!r} is already taken by "

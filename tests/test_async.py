@@ -63,7 +63,7 @@ class _MixedRecv:
         self.ready = [self.ready[k] for k in order[self.env.group_size:]]
         ids = np.array([p[0] for p in picked], dtype=np.int64)
         stacked = [torch.stack([p[j] for p in picked]) for j in range(1, 7)]
-        return AsyncStep(ids, *stacked)
+        return AsyncStep(*stacked, env_ids=ids)
 
 
 def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=None):
@@ -77,7 +77,7 @@ def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=Non
         trainer.policy_step, features = _deterministic_policy(trainer.env.action_spec)
         trainer.bootstrap_value = features
         if mix_seed is not None:
-            trainer.async_collector.env = _MixedRecv(trainer.async_collector.env, mix_seed)
+            trainer.async_collector.rollout.env = _MixedRecv(trainer.async_collector.rollout.env, mix_seed)
         rollouts = []
         for _ in range(iterations):
             trainer.collect()

@@ -15,6 +15,7 @@ import torch
 
 import fastrl.run.checkpoint
 import fastrl.run.logger
+import fastrl.run.storage
 from fastrl.cli.train import main
 from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from conftest import descendant_pids
@@ -97,17 +98,20 @@ def test_kill_9_during_checkpoint_writes_leaves_loadable_checkpoints(tmp_path):
 
 
 def test_disk_full_during_checkpoint_write(tmp_path, monkeypatch, capsys):
-    real_save = torch.save
+    real_open = open
     calls = {"n": 0}
 
-    def failing_save(obj, f, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] >= 3:
-            f.write(b"partial")
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *a, **kw)
+    def failing_open(path, *args, **kwargs):  # the third checkpoint's write finds the disk full
+        f = real_open(path, *args, **kwargs)
+        if ".ckpt_" in str(path):
+            calls["n"] += 1
+            if calls["n"] >= 3:
+                f.write(b"partial")
+                f.close()
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return f
 
-    monkeypatch.setattr(fastrl.run.checkpoint.torch, "save", failing_save)
+    monkeypatch.setattr(fastrl.run.storage, "open", failing_open, raising=False)
     run_dir = tmp_path / "run"
     code = main(["--total-steps", "4096", "--n-envs", "8", "--n-steps", "32", "--checkpoint-interval", "2",
                  "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET])

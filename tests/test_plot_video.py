@@ -118,8 +118,9 @@ def test_runs_of_different_envs_get_their_own_axes(runs, tmp_path):
     shown, bare = runs
     other = tmp_path / "other"
     shutil.copytree(bare, other)
-    summary = json.loads((other / "summary.json").read_text())
-    (other / "summary.json").write_text(json.dumps({**summary, "env": "Acrobot-v1"}))
+    config = (other / "config.yaml").read_text()
+    (other / "config.yaml").write_text(config.replace("env: CartPole-v1", "env: Acrobot-v1"))
+    assert "env: Acrobot-v1" in (other / "config.yaml").read_text()
     fig = learning_curve_figure([shown, other, bare])
     assert len(fig.axes) == 4
     legends = [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes[::2]]

@@ -153,7 +153,7 @@ def _states(db: Path) -> list[str]:
 def test_a_killed_study_resumes_and_its_best_config_trains(tmp_path):
     (tmp_path / "space.yaml").write_text(json.dumps(SPACE))
     tune_dir = tmp_path / "study"
-    command = [sys.executable, "-m", "fastrl.cli", "tune", "--space", str(tmp_path / "space.yaml"), "--trials", "4",
+    command = [sys.executable, "-m", "fastrl", "tune", "--space", str(tmp_path / "space.yaml"), "--trials", "4",
                "--batch", "2", "--evals", "2", "--startup-trials", "1", "--trial-steps", "4096", "--dir", str(tune_dir),
                *TINY]
     env = _with_repo_on_path()

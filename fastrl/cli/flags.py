@@ -6,14 +6,10 @@ import argparse
 import dataclasses
 
 from fastrl.config import _TYPES, FIELDS, Config, UserError, brief
+from fastrl.errors import ArgParser
 from fastrl.defaults import ALGO_DEFAULTS, config_names
 from fastrl.hints import flag_hint
 from fastrl.run.run_config import build_config
-
-
-class ArgParser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        raise UserError(message)
 
 
 # --help groups: (title, the field that opens the group in Config's order). A field belongs to the group opened last

@@ -57,6 +57,7 @@ from pathlib import Path
 from fastrl.cli.flags import ArgParser, parse_cli_overrides
 from fastrl.config import _TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable
 from fastrl.defaults import VARY_KEYS, YAML_IGNORED
+from fastrl.errors import first_line
 
 INSTALL_HINT = 'fastrl tune needs optuna: pip install "fastrl[tune]" (or pip install optuna)'
 SPACE_TYPES = ("loguniform", "uniform", "int", "categorical")
@@ -177,7 +178,7 @@ def load_space(path: str) -> list[Param]:
         raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
                         "--space") from None
     except yaml.YAMLError as e:
-        raise UserError(f"space file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        raise UserError(f"space file {path!r} is not valid YAML: {first_line(e)}") from None
     return parse_space(data, f"space file {path}")
 
 
@@ -264,7 +265,7 @@ class TrialEvaluations:
 def _survivors_state(state: dict, keep: list[int]) -> dict:
     """The population checkpoint ``state`` cut to the members ``keep`` (a resume state for a smaller population)."""
     members = state.get("members", [state])
-    step = int(state["global_step"]) // len(members) if "members" in state else int(state["global_step"])
+    step = int(state["global_step"]) // len(members)
     return {"config": state["config"], "global_step": step * len(keep), "iteration": int(state["iteration"]),
             "members": [members[i] for i in keep]}
 
@@ -345,12 +346,12 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
     """``best.yaml``: the base config with the best complete trial's values, one seed, ``fastrl train --config``-ready
     (every key, as a run's config.yaml). Returns the figures, or None while no trial completed."""
     import yaml
-    from optuna.trial import TrialState
 
     from fastrl.run.storage import atomic_write
-    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+    try:
+        best = study.best_trial
+    except ValueError:  # no trial completed yet
         return None
-    best = study.best_trial
     values = coerce_values(best.params)
     cfg = dataclasses.replace(base, **values).validate()
     data = {key: value for key, value in cfg.to_dict().items() if key not in YAML_IGNORED}
@@ -486,8 +487,8 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         print(json.dumps({"finished_trials": len(finished_trials(study)), "study": storage, **(best or {})}))
         return 0
     except sqlalchemy.exc.SQLAlchemyError as e:  # a truncated, overwritten or foreign study.db
-        reason = str(getattr(e, "orig", None) or e).splitlines()[0]
-        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used ({brief(reason, 120)}): it is "
+        raise UserError(f"the study database {tune_dir / 'study.db'} cannot be used "
+                        f"({brief(first_line(getattr(e, 'orig', None) or e), 120)}): it is "
                         "damaged or not a fastrl study; move it away, or pass another --dir, to start anew") from None
     finally:
         lock.release()

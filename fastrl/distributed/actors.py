@@ -200,9 +200,6 @@ class WeightBoard:
     def stop_requested(self) -> bool:
         return bool(self.control_np[STOP])
 
-    def request_stop(self) -> None:
-        self.control_np[STOP] = 1
-
 
 # ---------------------------------------------------------------------------------------------- actor
 def copy_new_episodes(stats: EpisodeStats, seen: int, returns: torch.Tensor, lengths: torch.Tensor) -> int:
@@ -464,7 +461,7 @@ class ActorPool:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask every actor to stop, wait up to ``timeout_s``, then terminate and finally kill stragglers."""
-        self.board.request_stop()
+        self.board.control_np[STOP] = 1
         deadline = time.monotonic() + timeout_s
         for proc in self.procs:
             if proc is not None:

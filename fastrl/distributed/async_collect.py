@@ -168,14 +168,6 @@ class AsyncCollector:
         self.rollout = GroupedRollout(trainer.env.env, trainer.device)
         self.views = RolloutViews.of(trainer.buffer)
 
-    @property
-    def env(self):
-        return self.rollout.env
-
-    @env.setter
-    def env(self, env):  # tests put a wrapper around the env
-        self.rollout.env = env
-
     def collect(self) -> None:
         """One ``[T, N]`` rollout; advances ``trainer.next_obs`` and ``trainer.global_step`` as the sync loop does."""
         tr = self.trainer

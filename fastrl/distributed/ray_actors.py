@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from fastrl.config import Config, UserError, parse_resources
+from fastrl.errors import first_line
 from fastrl.distributed.actors import (A_BEAT, A_ENV, A_POLICY, A_ROLLOUTS, A_STEPS, A_WAIT, STARTUP_GRACE_S,
                                        RolloutCollector, SlotRing, flat_weights, load_flat_weights)
 from fastrl.distributed.async_collect import RolloutViews
@@ -121,7 +122,7 @@ class RolloutWorker:
                 load_flat_weights(self.collector.agent, torch.from_numpy(_fetch(ref)))
             self.loaded = newest
         finished, policy_s, env_s = self.collector.collect(self.views, self.bootstrap_observation,
-                                                          self.episode_return, self.episode_length, _no_beat)
+                                                          self.episode_return, self.episode_length, lambda: None)
         kept = min(finished, self.episode_return.numel())
         idle_s = 0.0 if self.last_return is None else max(0.0, start - self.last_return)
         self.last_return = time.perf_counter()
@@ -129,10 +130,6 @@ class RolloutWorker:
                 "episode_return": self.episode_return[:kept].numpy(), "episode_length": self.episode_length[:kept].numpy(),
                 "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
                 **self.identity}
-
-
-def _no_beat() -> None:
-    pass
 
 
 def _actor_context() -> tuple[bool, str]:
@@ -173,8 +170,7 @@ def connect(cfg: Config) -> bool:
     try:
         ray.init(address=address, _node_ip_address="127.0.0.1" if host in LOOPBACK else None, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"cannot join the Ray cluster at {address} ({first}): start it with ray start --head on the "
+        raise UserError(f"cannot join the Ray cluster at {address} ({first_line(e, type(e).__name__)}): start it with ray start --head on the "
                         "learner node, or pass --ray-address auto") from None
     return True
 
@@ -306,11 +302,6 @@ class RayActorPool:
         self._submit()
         return restarted
 
-    def _in_ring(self, actor_id: int) -> int:
-        """``actor_id``'s slots holding a result not yet trained on."""
-        owned = self.ring.owned(actor_id)
-        return int(np.count_nonzero(self.ring.state_np[owned.start:owned.stop]))
-
     def _submit(self) -> None:
         now = time.monotonic()
         version, ref = self.weights
@@ -323,7 +314,8 @@ class RayActorPool:
                     self._call(actor_id, version, ref)
                     self.retry_at[actor_id] = now + self.backoff[actor_id]
                 continue
-            for _ in range(self.ring.per_actor - calls - self._in_ring(actor_id)):
+            in_ring = np.count_nonzero(self.ring.state_np[self.ring.owned(actor_id)])  # results not yet trained on
+            for _ in range(self.ring.per_actor - calls - in_ring):
                 self._call(actor_id, version, ref)
 
     def _call(self, actor_id: int, version: int, ref) -> None:
@@ -394,7 +386,7 @@ class RayActorPool:
             self.failures += 1
             if self.failures > 10 * self.cfg.n_actors:
                 raise RuntimeError(f"ray actors failed {self.failures} times (the budget is 10 per actor); the last: "
-                                   f"{(str(error).strip().splitlines() or [type(error).__name__])[0]}")
+                                   f"{first_line(error, type(error).__name__)}")
             self.failing[actor_id] = True
             self.backoff[actor_id] = RETRY_MIN_S
             self.produced[actor_id] = False  # the next incarnation gets the start-up grace

@@ -28,26 +28,20 @@ import torch
 from fastrl.config import UserError
 from fastrl.envs.batched import BatchedEnv, NormalizedEnv
 from fastrl.envs.registry import atari_kwargs, is_atari, resolve_backend
-from fastrl.envs.stats import MemberEpisodeStats
+from fastrl.envs.stats import EnvStep, MemberEpisodeStats
 
 ASYNC_GROUPS = 2  # groups in flight: one steps while the policy acts on the other
 
 
 @dataclass
-class AsyncStep:
-    """One ``recv()``: ``env_ids [B] int64`` and, in that order, ``observation [B, *obs]``, ``reward [B]``,
-    ``terminated``, ``truncated``, ``valid``, ``done`` (bool ``[B]``), as ``fastrl.envs.stats.EnvStep``."""
-    env_ids: np.ndarray
-    observation: torch.Tensor
-    reward: torch.Tensor
-    terminated: torch.Tensor
-    truncated: torch.Tensor
-    valid: torch.Tensor
-    done: torch.Tensor
+class AsyncStep(EnvStep):
+    """One ``recv()``: an ``EnvStep`` of ``B`` envs (``observation [B, *obs]``, ``reward [B]``, ...) and their
+    ``env_ids [B] int64``."""
+    env_ids: np.ndarray = None
 
 
-def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = ASYNC_GROUPS,
-                      normalize: bool = False, processes: int = 1, who: str = "process") -> str | None:
+def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = ASYNC_GROUPS, processes: int = 1,
+                      who: str = "process") -> str | None:
     """Why ``env_id`` cannot run in async mode with ``n_envs`` envs per process (one line), or None when it can.
     ``processes``: how many processes (``who``: actors, ranks) share the run's n_envs, so the fix names the
     multiple of the run's own n_envs."""
@@ -59,9 +53,6 @@ def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = AS
                     f"(all {processes} {who}s' envs together) a multiple of {n_groups * processes}")
         return (f"async collection splits each process's {n_envs} envs into {n_groups} equal groups: make n_envs a "
                 f"multiple of {n_groups}")
-    if normalize:
-        return "async collection does not support normalize_obs/normalize_reward yet (their running statistics " \
-               "would depend on the order groups arrive in)"
     return None
 
 
@@ -86,13 +77,6 @@ class AsyncBatchedEnv:
         self.observation_shape, self.observation_dtype = b.observation_shape, b.observation_dtype
         self.obs_scale, self.action_spec, self.stats = b.obs_scale, b.action_spec, b.stats
         self._env = b._env
-        self._prev_done = np.zeros(n_envs, dtype=bool)
-
-    def _action(self, action: torch.Tensor) -> np.ndarray:
-        if self.action_spec.kind == "discrete":
-            return action.numpy()
-        b = self._batched
-        return torch.maximum(torch.minimum(action, b._high), b._low).numpy().astype(b._np_action_dtype, copy=False)
 
     def _recv(self):
         obs, reward, terminated, truncated, info = self._env.recv()
@@ -105,30 +89,20 @@ class AsyncBatchedEnv:
         for _ in range(self.n_groups):
             obs, *_, env_ids = self._recv()
             first[torch.from_numpy(env_ids)] = self._batched._obs(obs)
-        self._prev_done[:] = False
+        self._batched._prev_done[:] = False
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
         return first
 
     def send(self, action: torch.Tensor, env_ids: np.ndarray) -> None:
         """Step the envs ``env_ids`` (int ``[k]``, k a multiple of ``group_size``) with ``action`` (CPU ``[k, ...]``)."""
-        self._env.send(self._action(action), env_ids.astype(np.int32, copy=False))
+        self._env.send(self._batched._action(action), env_ids.astype(np.int32, copy=False))
 
     def recv(self) -> AsyncStep:
         """The next ``group_size`` finished env steps (whichever envs were ready), with their env ids."""
         obs, reward, terminated, truncated, info, env_ids = self._recv()
-        terminated = np.asarray(terminated, dtype=bool)
-        truncated = np.asarray(truncated, dtype=bool)
-        reward = np.asarray(reward, dtype=np.float32)
-        valid = ~self._prev_done[env_ids]
-        done = terminated | truncated
-        self._prev_done[env_ids] = done
-        if self._batched._game_stats:
-            self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid, env_ids)
-        else:
-            self.stats.update(reward, done, valid, env_ids)
-        return AsyncStep(env_ids, self._batched._obs(obs), torch.from_numpy(reward), torch.from_numpy(terminated),
-                         torch.from_numpy(truncated), torch.from_numpy(valid), torch.from_numpy(done))
+        flags = self._batched._flags(reward, terminated, truncated, info, self.stats, env_ids)
+        return AsyncStep(self._batched._obs(obs), *map(torch.from_numpy, flags), env_ids=env_ids)
 
     def close(self) -> None:
         self._batched.close()
@@ -165,8 +139,9 @@ def resolve_env_mode(cfg, n_envs: int) -> str:
     """
     if cfg.env_mode != "auto":
         return cfg.env_mode
-    if cfg.time_feature or async_unsupported(cfg.env, cfg.env_backend, n_envs,
-                                             normalize=cfg.normalize_obs or cfg.normalize_reward):
+    # normalize_* and time_feature run sync only (Config.validate refuses them with env_mode=async)
+    if cfg.time_feature or cfg.normalize_obs or cfg.normalize_reward or async_unsupported(cfg.env, cfg.env_backend,
+                                                                                          n_envs):
         return "sync"
     from fastrl.envs.batched import probe_env
     observation_shape = probe_env(cfg)[0]

@@ -34,6 +34,7 @@ import torch
 
 from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
+from fastrl.errors import first_line
 from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
                                      watched_vector_env)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
@@ -111,8 +112,7 @@ def make_checked_env(env_id: str, make_one, kwargs: dict):
     except UserError:
         raise
     except Exception as e:  # the env's constructor (a space too large to allocate included): the user's code
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise UserError(f"env {env_id!r} could not be built: {type(e).__name__}: {first[:120]}; fix the env's "
+        raise UserError(f"env {env_id!r} could not be built: {type(e).__name__}: {first_line(e)[:120]}; fix the env's "
                         "constructor (try it alone: gymnasium.make or calling the class)") from None
     if not isinstance(env, gymnasium.Env):
         raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
@@ -180,7 +180,7 @@ class BatchedEnv:
                     self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
                     obs_space, act_space = self._env.observation_space, self._env.action_space
             except (TypeError, ValueError, RuntimeError) as e:
-                raise UserError(f"EnvPool could not build {env_id!r}: {str(e).splitlines()[0]}") from None
+                raise UserError(f"EnvPool could not build {env_id!r}: {first_line(e)}") from None
         elif lookup_id in VECTOR_ENVS:
             # The user's vector env, stepped as it is (its n_envs); a probe (n_envs=1) only reads its spaces.
             self._env = VECTOR_ENVS[lookup_id]
@@ -296,36 +296,42 @@ class BatchedEnv:
         self.stats.running_length.zero_()
         return self._obs(obs, info)
 
+    def _action(self, action: torch.Tensor) -> np.ndarray:
+        """``action`` (CPU tensor, see ActionSpec) as the env takes it: a continuous one clipped to the Box; the
+        space's own dtype where it has one (MultiDiscrete, MultiBinary, Box)."""
+        if self.action_spec.kind == "continuous":
+            action = torch.maximum(torch.minimum(action, self._high), self._low)
+        act = action.numpy()
+        return act if self._np_action_dtype is None else act.astype(self._np_action_dtype, copy=False)
+
+    def _flags(self, reward, terminated, truncated, info, stats: EpisodeStats, env_ids=None) -> tuple:
+        """``(reward, terminated, truncated, valid, done)`` of one step of the envs ``env_ids`` (None: all) as numpy
+        arrays (cheaper than torch at these sizes), ``_prev_done`` and ``stats`` updated (Atari: by the game)."""
+        ids = slice(None) if env_ids is None else env_ids
+        terminated = np.asarray(terminated, dtype=bool)
+        truncated = np.asarray(truncated, dtype=bool)
+        reward = np.asarray(reward, dtype=np.float32)
+        valid = ~self._prev_done[ids]
+        done = terminated | truncated
+        self._prev_done[ids] = done
+        if self._game_stats:
+            stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid, env_ids)
+        else:
+            stats.update(reward, done, valid, env_ids)
+        return reward, terminated, truncated, valid, done
+
     def step(self, action: torch.Tensor) -> EnvStep:
         """Step all envs with ``action`` (CPU tensor, see ActionSpec)."""
-        if self.action_spec.kind == "discrete":
-            act = action.numpy()
-            if self._np_action_dtype is not None:  # MultiDiscrete / MultiBinary: the space's own integer dtype
-                act = act.astype(self._np_action_dtype, copy=False)
-        else:
-            act = torch.maximum(torch.minimum(action, self._high), self._low).numpy().astype(self._np_action_dtype, copy=False)
         try:
-            obs, reward, terminated, truncated, info = self._env.step(act)
+            obs, reward, terminated, truncated, info = self._env.step(self._action(action))
         except Exception as e:  # noqa: BLE001
             if self.backend == "envpool":
                 raise
             raise EnvError(self.env_id, e, "step") from e
-        # The flags and statistics are computed in numpy (cheaper than torch at these sizes), then
-        # handed out as zero-copy tensors.
-        terminated = np.asarray(terminated, dtype=bool)
-        truncated = np.asarray(truncated, dtype=bool)
-        reward = np.asarray(reward, dtype=np.float32)
-        valid = ~self._prev_done
-        done = terminated | truncated
-        self._prev_done = done
+        flags = self._flags(reward, terminated, truncated, info, self.stats)
         if self._time_limit:  # a reset step starts its episode's count again
-            self._elapsed = np.where(valid, self._elapsed + 1, 0)
-        if self._game_stats:
-            self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid)
-        else:
-            self.stats.update(reward, done, valid)
-        return EnvStep(self._obs(obs, info), torch.from_numpy(reward), torch.from_numpy(terminated),
-                       torch.from_numpy(truncated), torch.from_numpy(valid), torch.from_numpy(done))
+            self._elapsed = np.where(flags[3], self._elapsed + 1, 0)
+        return EnvStep(self._obs(obs, info), *map(torch.from_numpy, flags))
 
     def close(self) -> None:
         """Idempotent: the run loop closes its trainer's env before the final evaluation and again on the way out."""
@@ -462,8 +468,7 @@ def _probe(env_id: str, backend: str, env_kwargs: tuple, identity=None, time_fea
         env = BatchedEnv(env_id, 1, seed=0, backend=backend, env_kwargs=dict(env_kwargs) or None,
                          time_feature=time_feature)
     except ImportError as e:  # Gymnasium's DependencyNotInstalled too: an env whose extra package is missing
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{env_id!r} needs a package that is not installed: {first}") from None
+        raise UserError(f"{env_id!r} needs a package that is not installed: {first_line(e, type(e).__name__)}") from None
     try:
         return (tuple(env.observation_shape), env.observation_dtype, env.action_spec,
                 (env.observation_space, env.action_space))

@@ -22,6 +22,7 @@ import threading
 import time
 
 from fastrl.config import UserError
+from fastrl.errors import first_line
 from fastrl.signals import set_waiting, waiting_on_env
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -74,8 +75,7 @@ class EnvCodeError(RuntimeError):
         skipped = (os.path.dirname(gymnasium.__file__), os.path.dirname(os.path.dirname(__file__)))
         frames = [f for f in traceback.extract_tb(error.__traceback__) if not f.filename.startswith(skipped)]
         trace = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(error), error))
-        first = (str(error).strip().splitlines() or ["?"])[0]
-        return cls(first, type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
+        return cls(first_line(error, "?"), type(error).__name__, "Traceback (most recent call last, the env's code):\n" + trace)
 
 
 class EnvError(UserError):
@@ -92,8 +92,7 @@ class EnvError(UserError):
             message = f"env {env_id!r}: {error}, then continue the run with --resume"
         else:
             kind = getattr(error, "kind", "") or type(error).__name__
-            first = (str(error).strip().splitlines() or ["?"])[0]
-            message = (f"env {env_id!r} raised {kind} in {call}(): {first}; fix the env (its traceback is above), "
+            message = (f"env {env_id!r} raised {kind} in {call}(): {first_line(error, '?')}; fix the env (its traceback is above), "
                        "then continue the run with --resume")
         super().__init__(message)
 
@@ -221,12 +220,6 @@ def _worker(*args, parent_pid: int):
     _async_worker(*args)
 
 
-def _wait_for_an_exit(processes, timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while all(p.is_alive() for p in processes) and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
 def _how_it_ended(process) -> str:
     process.join(1.0)
     code = process.exitcode
@@ -278,7 +271,9 @@ def _async_vector_env():
                                f"{self.timeout_s:g} s (env_timeout_s); the workers were stopped: fix the env (or raise "
                                "env_timeout_s if it is only slow)") from None
             except (EOFError, BrokenPipeError, ConnectionResetError):
-                _wait_for_an_exit(self.processes)  # its pipe closes a moment before the process is reaped
+                deadline = time.monotonic() + 2.0  # its pipe closes a moment before the process is reaped
+                while all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 dead = [(i, p) for i, p in enumerate(self.processes) if not p.is_alive()]
                 who = "; ".join(f"worker {i} of {n} (PID {p.pid}) {_how_it_ended(p)}" for i, p in dead)
                 self.close(terminate=True)

@@ -155,9 +155,6 @@ class TorchEnv:
     def draw_reset_uniform(self) -> torch.Tensor:
         """``[n_envs, reset_draws]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
         width = self.spec.reset_draws
-        if len(self.member_generators) == 1:
-            return torch.rand(self.n_envs, width, dtype=torch.float64, generator=self.member_generators[0],
-                              device=self.device)
         return torch.cat([torch.rand(self._member_envs, width, dtype=torch.float64, generator=g, device=self.device)
                           for g in self.member_generators])
 

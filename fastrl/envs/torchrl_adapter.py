@@ -153,13 +153,9 @@ def is_torchrl_env(obj) -> bool:
     return envs is not None and isinstance(obj, envs.EnvBase)
 
 
-def _numpy_dtype(dtype: torch.dtype):
-    return torch.empty(0, dtype=dtype).numpy().dtype
-
-
 def _box(spec):
     """A Gymnasium Box for a TorchRL leaf spec: its bounds, or the dtype's whole range for an unbounded one."""
-    dtype = _numpy_dtype(spec.dtype)
+    dtype = torch.empty(0, dtype=spec.dtype).numpy().dtype
     low, high = getattr(spec.space, "low", None), getattr(spec.space, "high", None)
     if low is not None and high is not None:
         return gymnasium.spaces.Box(low.cpu().numpy(), high.cpu().numpy(), tuple(spec.shape), dtype)

@@ -99,16 +99,12 @@ def load_optimizer_state_dict(kind: str, saved: dict, state: dict, numels: list)
     """Copy a ``torch.optim`` state dict (``optimizer_state_dict``'s format, or torch's own) into one member's flat
     state in place. Parameters without saved state (an optimizer that never stepped) get zeros."""
     entries = saved.get("state", {})
-    offsets = [0]
-    for n in numels:
-        offsets.append(offsets[-1] + n)
     step = 0.0
     for j in range(len(numels)):
         entry = entries.get(j, entries.get(str(j), {}))
         for key in moment_keys(kind):
-            value = entry.get(key)
-            chunk = state[key][offsets[j]:offsets[j + 1]]
-            chunk.copy_(value.reshape(-1) if value is not None else torch.zeros_like(chunk))
+            chunk = state[key].split(numels)[j]
+            chunk.copy_(entry[key].reshape(-1) if key in entry else torch.zeros_like(chunk))
         if "step" in entry:
             step = float(entry["step"])
     state["step"].fill_(step)
@@ -125,6 +121,6 @@ def annealed_lr(cfg, progress: float, lr_scale: float = 1.0) -> float:
 
 def annealed_clip_coef(cfg, progress: float) -> float:
     """``clip_coef``, annealed linearly to 0 with ``anneal_clip`` (on the learning rate's per-iteration clock)."""
-    if not getattr(cfg, "anneal_clip", False):
+    if not cfg.anneal_clip:
         return cfg.clip_coef
     return cfg.clip_coef * max(1.0 - progress, 0.0)

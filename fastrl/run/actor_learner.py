@@ -1,7 +1,6 @@
 """The IMPALA / APPO learner: the run loop's trainer over the actors' slot ring (``fastrl.distributed.actors``)."""
 from __future__ import annotations
 
-import random
 import time
 
 import numpy as np
@@ -9,7 +8,7 @@ import torch
 
 from fastrl.config import Config
 from fastrl.distributed.actors import A_ENV, A_POLICY, A_STEPS, A_WAIT, POLL_S, ActorPool, SlotRing, WeightBoard
-from fastrl.distributed.seeding import member_generator
+from fastrl.distributed.seeding import member_generator, seed_process
 from fastrl.envs.async_env import resolve_env_mode
 from fastrl.envs.batched import make_env
 from fastrl.envs.buffers import make_rollout_buffer
@@ -28,12 +27,8 @@ AUTO_SYNC_STEPS = 10_000
 
 def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.Tensor, finished: int) -> None:
     """Count ``finished`` episodes into ``stats`` and put the last of them (``returns`` / ``lengths``) in its ring."""
-    k = returns.numel()
-    if k:
-        slots = torch.arange(stats.count + finished - k, stats.count + finished) % stats.window
-        stats.returns[slots] = returns.double()
-        stats.lengths[slots] = lengths.long()
-    stats.count += finished
+    stats.count += finished - returns.numel()  # the episodes not kept still count
+    stats.record(returns.double().numpy(), lengths.long().numpy())
 
 
 class ActorLearnerTrainer(TrainerDefaults):
@@ -52,8 +47,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.cfg, self.device = cfg, device
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
+        seed_process(cfg.seed)
         torch.manual_seed(cfg.seed)
         probe = make_env(cfg, n_envs=1)
         obs_shape, obs_dtype, action_spec = probe.observation_shape, probe.observation_dtype, probe.action_spec

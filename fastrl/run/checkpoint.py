@@ -9,7 +9,7 @@ still loaded. A corrupt checkpoint is refused naming the newest older checkpoint
 from __future__ import annotations
 
 import hashlib
-import os
+import io
 import pickle
 import random
 import re
@@ -36,44 +36,16 @@ def list_checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
 
 
-def state_bytes(state) -> int:
-    """The bytes of the tensors in ``state`` (nested dicts, lists): about what its checkpoint file takes."""
-    if torch.is_tensor(state):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(state_bytes(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(state_bytes(v) for v in state)
-    return 64
-
-
 def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:
-    """Write ``state`` atomically to ``path``; then delete all but the newest ``keep`` (0 keeps all) and any
-    temporary file a killed writer left. A full disk (torch.save raises RuntimeError there, other writes OSError)
-    is a one-line UserError naming the path and the space needed; the partial file is removed, and the earlier
-    checkpoints are untouched."""
-    from fastrl.run.storage import is_disk_full, write_error
+    """Write ``state`` atomically to ``path`` (``fastrl.run.storage.atomic_write``: a full disk is a one-line
+    UserError, the partial file removed and the earlier checkpoints untouched); then delete all but the newest
+    ``keep`` (0 keeps all) and any temporary file a killed writer left."""
+    from fastrl.run.storage import atomic_write
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    state = {**state, "checksum": contents_digest(state)}
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
-        needed = state_bytes(state)
-        if isinstance(e, RuntimeError) and not (is_disk_full(e, path.parent, needed) or "write" in str(e)):
-            raise  # not a failed write: a bug, with its traceback
-        raise write_error("checkpoint", path, e, needed, " (earlier checkpoints are intact)") from None
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    data = io.BytesIO()
+    torch.save({**state, "checksum": contents_digest(state)}, data)
+    atomic_write(path, data.getbuffer(), "checkpoint", " (earlier checkpoints are intact)")
     if keep > 0:
         for old in list_checkpoints(path.parent)[:-keep]:
             old.unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from fastrl.errors import first_line
 from fastrl.signals import stop_requested
 
 # From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
@@ -202,10 +203,9 @@ class CompiledOrEager:
         try:
             out = self._invoke(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 - any compiler failure means: run eagerly
-            first = (str(e).strip().splitlines() or [""])[0][:200]
             # A Ctrl-C to the process group also stops inductor's compile workers: an interruption, not a failure.
             if not stop_requested():
-                warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first}); running it "
+                warnings.warn(f"torch.compile failed for {self.name} ({type(e).__name__}: {first_line(e)[:200]}); running it "
                               "eagerly", RuntimeWarning, stacklevel=2)
             self.fn, self.compiled = self.eager, False
             out = self.fn(*args, **kwargs)

@@ -28,13 +28,6 @@ def print_result(text: str) -> bool:
         return False
 
 
-def ignored_settings(cfg: Config, atari: bool) -> list[str]:
-    """The Atari-only keys set away from their defaults for an env that is not Atari."""
-    if atari:
-        return []
-    return [name for name in ATARI_KEYS if getattr(cfg, name) != FIELDS[name].default]
-
-
 def adjustments(cfg: Config, trainer) -> list[str]:
     """One line per adjustment made to ``cfg``: a budget rounded to whole iterations, settings the env ignores, a
     stop rule that may end the run before its budget."""
@@ -50,7 +43,8 @@ def adjustments(cfg: Config, trainer) -> list[str]:
     if is_process_local(cfg.env) and cfg.env.startswith("vector:"):
         notes.append(f"env is your vector env: n_envs={cfg.n_envs} from it, and no evaluation on separate envs "
                      "(eval_episodes=0; the figures are its training episodes)")
-    ignored = ignored_settings(cfg, cfg.env_backend != "gymnasium" and is_atari(resolve_env(cfg.env)[0]))
+    atari = cfg.env_backend != "gymnasium" and is_atari(resolve_env(cfg.env)[0])
+    ignored = [] if atari else [name for name in ATARI_KEYS if getattr(cfg, name) != FIELDS[name].default]
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
         notes.append(f"{flags} {'applies' if len(ignored) == 1 else 'apply'} to Atari envs only; {cfg.env} ignores "

@@ -27,12 +27,7 @@ SCALARS = 10  # per step: reward, done, terminated, value, log-prob, advantage, 
 
 
 def available_host_bytes() -> int | None:
-    """The host's available memory (psutil's when installed, else /proc/meminfo's MemAvailable), or None."""
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except ImportError:
-        pass
+    """The host's available memory (/proc/meminfo's MemAvailable, what psutil reports on Linux too), or None."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -80,7 +75,7 @@ def check_run_memory(cfg: Config, shape: tuple, dtype: torch.dtype, action_spec,
                      world_size: int = 1) -> None:
     """Refuse ``cfg`` in one line when its estimated memory (see the module docstring) exceeds what this machine has
     available."""
-    members = cfg.n_seeds * math.prod(len(values) for values in cfg.vary.values())
+    members = cfg.population_size
     n_envs = cfg.n_envs if cfg.per_rank or cfg.algo in ACTOR_LEARNER_ALGOS else max(cfg.n_envs // world_size, 1)
     # impala/appo: a ring of n_slots rollouts of one actor's envs each; ppo/a2c: one rollout of the rank's envs
     rollout_envs = cfg.n_slots * cfg.n_envs_per_actor if cfg.algo in ACTOR_LEARNER_ALGOS else n_envs

@@ -166,15 +166,6 @@ def member_labels(trainer, m: int) -> dict:
             "member_step": trainer.global_step // trainer.n_members}
 
 
-def write_members(run_dir: Path, trainer) -> None:
-    """``members.yaml`` beside ``config.yaml``: each member's index, seed and variant values (``members_record``)."""
-    import yaml
-    from fastrl.run.population import members_record
-    record = members_record([trainer.member_info(m) for m in range(trainer.n_members)])
-    (run_dir / "members.yaml").write_text("# member m ran config.yaml with these values (n_seeds 1, no vary)\n"
-                                          + yaml.safe_dump(record, sort_keys=False))
-
-
 def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | None:
     """The end-of-run evaluation of every member, announced in one line and reporting progress while it runs:
     ``[(mean, std)]`` per member, or None when a stop signal ended it (within one env step)."""
@@ -240,7 +231,11 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
         write_config(run_dir, cfg)
         files.add("config.yaml")
         if cfg.vary or n_members > 1:
-            write_members(run_dir, trainer)
+            import yaml
+            from fastrl.run.population import members_record  # each member's index, seed and variant values
+            record = members_record([trainer.member_info(m) for m in range(n_members)])
+            (run_dir / "members.yaml").write_text("# member m ran config.yaml with these values (n_seeds 1, no vary)\n"
+                                                  + yaml.safe_dump(record, sort_keys=False))
             files.add("members.yaml")
         files.add("metrics.jsonl", hashed=False)
         logger = RunLogger(run_dir, cfg.to_dict(), trainer.total_steps, trainer.global_step, cfg.tensorboard, cfg.wandb,
@@ -342,8 +337,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                    "sps": (trainer.global_step - start_step) / max(wall_time, 1e-9),
                    "episode_return_mean": final_episodes.get("episode_return_mean"),
                    "episodes": final_episodes.get("episodes", 0),
-                   "iterations": trainer.iteration, "stopped_by_signal": stop["stop"] is not None,
-                   "stop_signal": signal.Signals(stop["stop"]).name if stop["stop"] else None,
+                   "iterations": trainer.iteration,
                    "stopped_by_error": str(env_error or callback_error) if env_error or callback_error else None,
                    "stopped_by_callback": stopped_by_callback,
                    "resumed_from_step": start_step, "rollbacks": sum(guard.rollbacks for guard in guards),
@@ -361,8 +355,6 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
         if dist_info.is_main:
             if cfg.eval_episodes and stop["stop"] is None and env_error is None:
                 member_eval = final_evaluation(trainer, normalizers, lambda: stop["stop"] is not None)
-                summary["stopped_by_signal"] = stop["stop"] is not None
-                summary["stop_signal"] = signal.Signals(stop["stop"]).name if stop["stop"] else None
             if member_eval:
                 final_eval = evaluation_figures(member_eval)
                 summary["eval_return_mean"] = final_eval["eval/return_mean"]
@@ -379,6 +371,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                 record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",
                               trainer.device)
             summary["run_dir"] = str(run_dir)
+        summary["stopped_by_signal"] = stop["stop"] is not None  # a signal may have ended the final evaluation
+        summary["stop_signal"] = signal.Signals(stop["stop"]).name if stop["stop"] else None
         summary.update(members_summary(trainer, member_eval, reached))
         if "variants" in summary:  # the members' means would mix variants: the figures are per variant
             summary["episode_return_mean"] = summary["eval_return_mean"] = summary["eval_return_std"] = None

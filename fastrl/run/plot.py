@@ -8,11 +8,11 @@ its Agg canvas: no display is needed and the process-wide backend is left alone.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from fastrl.config import UserError, brief
+from fastrl.errors import first_line
 
 # The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
 RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
@@ -76,30 +76,13 @@ def member_bands(rows: list[dict]) -> dict:
     return bands
 
 
-def _run_names(run_dirs: list[Path]) -> list[str]:
-    names = [p.name for p in run_dirs]
-    if len(set(names)) < len(names):  # e.g. a/run and b/run: show the paths
-        names = [str(p) for p in run_dirs]
-    return names
-
-
-def _summary(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _env_of(run_dir: Path) -> str:
-    """The env a run trained on: summary.json's, else config.yaml's, else "" (unknown)."""
-    env = _summary(run_dir).get("env")
-    if not env:
-        try:
-            from fastrl import bounded_yaml
-            env = (bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env")
-        except (OSError, ValueError, AttributeError, ImportError, bounded_yaml.yaml.YAMLError):
-            env = None
-    return str(env or "")
+    """The env a run trained on: its config.yaml's (written before its first metric), else "" (unknown)."""
+    from fastrl import bounded_yaml
+    try:
+        return str((bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env") or "")
+    except (OSError, ValueError, AttributeError, bounded_yaml.yaml.YAMLError):
+        return ""
 
 
 def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) -> tuple[int, bool]:
@@ -144,7 +127,9 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
     rows = [read_rows(p) for p in run_dirs]
     data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
     bands = [member_bands(run_rows) for run_rows in rows]
-    names = names or _run_names(run_dirs)
+    if not names:  # each run's directory name; their paths where two share one (a/run and b/run)
+        names = [p.name for p in run_dirs]
+        names = [str(p) for p in run_dirs] if len(set(names)) < len(names) else names
     colors = [f"C{i % 10}" for i in range(len(run_dirs))]
     groups: dict = {}
     for i, run_dir in enumerate(run_dirs):
@@ -205,20 +190,15 @@ def write_run_plot(run_dir: str | Path) -> Path | None:
         print("fastrl: warning: no learning_curve.png: matplotlib is not installed (pip install matplotlib, or "
               "--plot false)", file=sys.stderr)
     except Exception as e:  # noqa: BLE001  (the run's files are written; the plot is an extra)
-        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {first_line(e)}",
               file=sys.stderr)
     return None
 
 
 def plot_main(argv: list[str]) -> int:
     """``fastrl plot RUN [RUN ...] [--out FILE]``."""
-    import argparse
-
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            raise UserError(message)
-
-    parser = Parser(prog="fastrl plot", description="Plot the learning curves of one or more runs into one PNG: mean "
+    from fastrl.errors import ArgParser
+    parser = ArgParser(prog="fastrl plot", description="Plot the learning curves of one or more runs into one PNG: mean "
                     "episode return against env steps and against wall time, evaluations marked.")
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each holds metrics.jsonl)")
     parser.add_argument("--out", default=None, help="PNG to write (default: RUN/learning_curve.png for one run, "

@@ -20,8 +20,6 @@ import numpy as np
 from fastrl.config import Config, UserError, check_applicable
 from fastrl.defaults import VARY_KEYS
 
-__all__ = ["VARY_KEYS", "member_configs", "member_hyperparameters", "varied_keys", "variant_name", "run_name",
-           "members_record", "aggregate", "interquartile_mean", "variant_summaries"]
 
 
 def member_configs(cfg: Config) -> list[Config]:

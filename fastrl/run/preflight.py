@@ -45,7 +45,11 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
         check_run_dir(cfg)
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
-    check_env_for_actors(cfg)
+    from fastrl.envs.registry import is_process_local  # actors rebuild the env by name, in fresh processes
+    if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
+        what = "a vector env object" if cfg.env.startswith("vector:") else "defined inside a function or as a lambda"
+        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, {what}: define its class or "
+                        "factory at the top level of a module, or use --algo ppo")
     if cfg.actors == "ray":  # fastrl.distributed.ray_actors imports the actor-learner machinery (a second of start-up)
         from fastrl.distributed.ray_actors import check_ray
         check_ray(cfg)
@@ -64,11 +68,9 @@ def check_launch(cfg: Config, world_size: int) -> None:
     """torchrun: impala/appo run their own processes; the PPO/A2C batch must split evenly across ranks."""
     if world_size <= 1:
         return
-    if cfg.algo in ACTOR_LEARNER_ALGOS and cfg.actors == "ray":
-        raise UserError(f"{cfg.algo} with --actors ray has one learner process, the Ray driver, on one device (DDP "
-                        "over several GPUs behind a Ray driver is not supported): launch it with python, not torchrun")
-    if cfg.algo in ACTOR_LEARNER_ALGOS:
-        raise UserError(f"{cfg.algo} runs its own actor processes; launch it with python, not torchrun")
+    if cfg.algo in ACTOR_LEARNER_ALGOS:  # Ray actors too: one learner, the Ray driver, on one device
+        raise UserError(f"{cfg.algo} runs its own actor processes (local or Ray) and one learner, with no DDP across "
+                        "GPUs: launch it with python, not torchrun")
     if cfg.per_rank:
         rank_envs = cfg.n_envs
     else:
@@ -139,16 +141,6 @@ def check_precision(cfg: Config, device: torch.device) -> None:
     if cfg.deterministic and device.type == "cuda" and cublas not in _CUBLAS_DETERMINISTIC:
         raise UserError("deterministic on CUDA needs cuBLAS's deterministic workspace: export "
                         "CUBLAS_WORKSPACE_CONFIG=:4096:8 before starting the run, or drop --deterministic")
-
-
-def check_env_for_actors(cfg: Config) -> None:
-    """impala/appo actors are fresh processes that rebuild the env from its name: a factory known to this process
-    only (a lambda, a class defined inside a function) cannot reach them."""
-    from fastrl.envs.registry import is_process_local
-    if cfg.algo in ACTOR_LEARNER_ALGOS and is_process_local(cfg.env):
-        what = "a vector env object" if cfg.env.startswith("vector:") else "defined inside a function or as a lambda"
-        raise UserError(f"{cfg.algo}'s actor processes cannot rebuild env {cfg.env!r}, {what}: define its class or "
-                        "factory at the top level of a module, or use --algo ppo")
 
 
 def check_env_mode(cfg: Config, world_size: int = 1) -> None:

@@ -29,16 +29,11 @@ RESUME_FIXED = ("algo", "env", "n_seeds", "vary", "hidden_sizes", "activation", 
                 "n_steps", "per_rank")
 
 
-def changed_fields(cfg: Config) -> dict:
-    """The fields of ``cfg`` that differ from ``Config()``: what a ``Config`` passed as ``config=`` sets."""
-    default = Config().to_dict()
-    return {key: value for key, value in cfg.to_dict().items() if value != default[key]}
-
-
 def config_layer(config: str | os.PathLike | dict | Config | None, where: str) -> tuple[str | None, dict]:
     """Layers 3-4 as ``(yaml_path or None, {key: raw value})``: what ``config`` sets (see ``build_config``)."""
-    if isinstance(config, Config):
-        return None, changed_fields(config)
+    if isinstance(config, Config):  # it sets the fields that differ from Config()
+        default = Config().to_dict()
+        return None, {key: value for key, value in config.to_dict().items() if value != default[key]}
     if isinstance(config, dict):
         values, yaml_path = config, None
     elif isinstance(config, (str, os.PathLike)):

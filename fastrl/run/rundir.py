@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from fastrl.config import Config, UserError
+from fastrl.defaults import YAML_IGNORED
 from fastrl.distributed import torchrun
 from fastrl.run.runfiles import clear_run, refuse_links
 
@@ -136,14 +137,6 @@ def torchrun_job_key() -> str:
     return re.sub(r"[^\w.-]", "_", "-".join(parts))
 
 
-def config_differences(saved: dict, cfg: Config, keys=None) -> list[str]:
-    """The config keys (``keys``, default all but run_dir/resume/overwrite) whose values differ between a run's
-    saved config and ``cfg``."""
-    current = cfg.to_dict()
-    keys = keys or [k for k in current if k not in ("run_dir", "resume", "overwrite")]
-    return [k for k in keys if saved.get(k) != current.get(k)]
-
-
 def check_restart_owner(path: Path, cfg: Config) -> None:
     """A torchrun restart continues ``path`` only if that run is this job's: its saved config (seed included)
     must be ``cfg``."""
@@ -157,7 +150,8 @@ def check_restart_owner(path: Path, cfg: Config) -> None:
         saved = bounded_yaml.safe_load(saved_path.read_text()) or {}
     except (yaml.YAMLError, UnicodeDecodeError, OSError):
         saved = {}
-    differing = config_differences(saved if isinstance(saved, dict) else {}, cfg)
+    saved = saved if isinstance(saved, dict) else {}
+    differing = [k for k, v in cfg.to_dict().items() if k not in YAML_IGNORED and saved.get(k) != v]
     if differing:
         raise UserError(f"torchrun restart: run_dir {str(path)!r} holds another job's run (its config differs in "
                         f"{', '.join(differing)}); give each job its own --run-dir or --rdzv-id")
@@ -173,42 +167,48 @@ def _choose(cfg: Config, dist_info: torchrun.DistInfo) -> tuple[Path, RunLock]:
                             "directory nor empty; drop --run-dir to continue in the run's own directory, or give an "
                             "empty one")
         make_dirs(path)
-        return path, RunLock(path).acquire()
+        return path, _locked(path)
     if cfg.run_dir:
         path = Path(cfg.run_dir)
         make_dirs(path)
-        lock = RunLock(path).acquire()
-        try:
-            if restart_count() > 0:
-                check_restart_owner(path, cfg)
-            elif holds_run(path) and not cfg.overwrite:
-                raise UserError(f"run_dir {str(path)!r} already holds a run; continue it with --resume {path}, start "
-                                f"afresh there with --overwrite, or pick another --run-dir")
-            elif cfg.overwrite and holds_run(path):
-                clear_run(path)
-        except BaseException:
-            lock.release()
-            raise
-        return path, lock
+        return path, _locked(path, lambda: _claim(path, cfg))
     if not dist_info.enabled:
         path = default_run_dir(cfg)
-        return path, RunLock(path).acquire()
+        return path, _locked(path)
     # Under torchrun a restarted job finds its first attempt's directory through a pointer file named after the job.
     pointer = Path("runs") / ".torchrun" / torchrun_job_key()
     if restart_count() > 0 and pointer.is_file():
         path = Path(pointer.read_text().strip())
-        lock = RunLock(path).acquire()
-        try:
-            check_restart_owner(path, cfg)
-        except BaseException:
-            lock.release()
-            raise
-        return path, lock
+        return path, _locked(path, lambda: check_restart_owner(path, cfg))
     path = default_run_dir(cfg)
-    lock = RunLock(path).acquire()
+    lock = _locked(path)
     make_dirs(pointer.parent)
     pointer.write_text(str(path))
     return path, lock
+
+
+def _claim(path: Path, cfg: Config) -> None:
+    """A given ``run_dir`` (locked): this job's after a torchrun restart; else refused if it holds a run, unless
+    ``overwrite`` clears it."""
+    if restart_count() > 0:
+        check_restart_owner(path, cfg)
+    elif holds_run(path) and not cfg.overwrite:
+        raise UserError(f"run_dir {str(path)!r} already holds a run; continue it with --resume {path}, start "
+                        f"afresh there with --overwrite, or pick another --run-dir")
+    elif cfg.overwrite and holds_run(path):
+        clear_run(path)
+
+
+def _locked(path: Path, check=lambda: None) -> RunLock:
+    """``path``'s lock, held once ``check()`` (run under it) and ``refuse_links`` pass; released if either raises."""
+    lock = RunLock(path).acquire()
+    try:
+        check()
+        refuse_links(path)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 # Rank 0's locks on the run directories this process trains in, until release_run_dir.
@@ -225,11 +225,6 @@ def agree_run_dir(cfg: Config, dist_info: torchrun.DistInfo) -> Path:
     if dist_info.is_main:
         try:
             path, lock = _choose(cfg, dist_info)
-            try:
-                refuse_links(path)
-            except UserError:
-                lock.release()
-                raise
             _HELD[str(path)] = lock
             choice = str(path)
         except UserError as e:

@@ -89,14 +89,6 @@ class RunFiles:
                      "the record of the run's files")
 
 
-def _still_ours(path: Path, entry) -> bool:
-    if not path.is_file() or path.is_symlink():
-        return False
-    if not isinstance(entry, dict) or entry.get("sha256") is None:
-        return True
-    return path.stat().st_size == entry.get("size") and _sha256(path) == entry["sha256"]
-
-
 def clear_run(run_dir: Path) -> list[str]:
     """``--overwrite``: delete the files fastrl recorded (see the module docstring) and the directories they leave
     empty. Returns what was deleted. A run directory with no record (written by a fastrl before it kept one) is
@@ -111,7 +103,10 @@ def clear_run(run_dir: Path) -> list[str]:
     for rel, entry in entries.items():
         path = run_dir / rel
         inside = os.path.realpath(path).startswith(os.path.realpath(run_dir) + os.sep)
-        if inside and _still_ours(path, entry):
+        if not inside or not path.is_file() or path.is_symlink():
+            continue
+        hashed = isinstance(entry, dict) and entry.get("sha256") is not None  # else: a file still being appended to
+        if not hashed or (path.stat().st_size == entry.get("size") and _sha256(path) == entry["sha256"]):
             path.unlink()
             removed.append(rel)
     for rel in sorted({str(Path(r).parent) for r in removed if Path(r).parent != Path(".")}, key=len, reverse=True):

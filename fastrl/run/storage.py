@@ -8,18 +8,18 @@ import math
 import os
 from pathlib import Path
 
-from fastrl.config import UserError
+from fastrl.errors import UserError, first_line
 
 # What a full (or quota-limited) file system raises, as errno values; torch.save raises RuntimeError instead.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} GB"
 
 
 def free_bytes(path: Path) -> int | None:
@@ -34,28 +34,21 @@ def free_bytes(path: Path) -> int | None:
     return stats.f_bavail * stats.f_frsize
 
 
-def is_disk_full(error: BaseException, path: Path, needed: int) -> bool:
-    """Whether ``error`` (an OSError, or torch.save's RuntimeError) came from a full file system."""
-    if isinstance(error, OSError) and error.errno in DISK_FULL:
-        return True
-    free = free_bytes(path)
-    return free is not None and free < needed
-
-
 def write_error(what: str, path: Path, error: BaseException, needed: int, hint: str = "") -> UserError:
-    """The one line for a failed write of ``what`` at ``path`` (``needed``: the bytes it takes)."""
-    if is_disk_full(error, path, needed):
-        free = free_bytes(path)
+    """The one line for a failed write of ``what`` at ``path`` (``needed``: the bytes it takes): a full file system
+    (by the error, or by the space left) says so."""
+    free = free_bytes(path)
+    if getattr(error, "errno", None) in DISK_FULL or (free is not None and free < needed):
         left = f", {_size(free)} free" if free is not None else ""
         return UserError(f"no space left on device for {what} {path} (it needs about {_size(needed)}{left}): free disk "
                          f"space{hint}")
-    reason = getattr(error, "strerror", None) or str(error).strip().splitlines()[0]
+    reason = getattr(error, "strerror", None) or first_line(error)
     return UserError(f"could not write {what} {path}: {reason}{hint}")
 
 
 def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
-    """Write ``data`` to ``path`` via a temporary file and a rename: ``path`` is either its old self or whole. On
-    a failure the temporary file is removed and a one-line UserError raised."""
+    """Write ``data`` to ``path`` via a temporary file and a rename (then the directory synced): ``path`` is either
+    its old self or whole. On a failure the temporary file is removed and a one-line UserError raised."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
@@ -67,6 +60,11 @@ def atomic_write(path: Path, data: bytes, what: str, hint: str = "") -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise write_error(what, path, e, len(data), hint) from None
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def strict_json(value, indent: int | None = 2) -> str:

@@ -1,5 +1,0 @@
-import sys
-
-from fastrl.cli import entry
-
-sys.exit(entry())
