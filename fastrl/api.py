@@ -203,6 +203,14 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
     given["n_envs"], given["eval_episodes"] = n_envs, 0
 
 
+def _state_in(state, x: torch.Tensor) -> torch.Tensor | None:
+    """``predict``'s ``state`` (a tuple of ``[B, H]`` arrays or tensors) as one ``[B, S]`` tensor on ``x``'s device."""
+    if state is None:
+        return None
+    parts = state if isinstance(state, (tuple, list)) else (state,)
+    return torch.cat([torch.as_tensor(p).float().reshape(x.shape[0], -1) for p in parts], dim=1).to(x.device)
+
+
 class _RawIO:
     """Hooks that make ``policy(obs)`` take raw observations, one ``[*shape]`` or a batch, as ``Agent.act`` does: cast
     to the env's dtype and normalized by the saved statistics (when the run normalized observations) before
@@ -404,14 +412,14 @@ class Agent:
         return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True, check_finite: bool = True):
+    def act(self, obs, deterministic: bool = True, check_finite: bool = True, state=None, episode_start=None):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
         dtype. numpy (or a list) in, numpy out; a torch tensor (or a TensorDict, its ``"observation"``) in, a tensor
         out on its device. Discrete actions are
         int64 ``[]`` / ``[B]``; continuous ones float32 ``[*action_shape]`` / ``[B, *action_shape]``, within the
         action bounds. ``deterministic``: the policy's mode (else a sample). The saved observation normalizer is
         applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
-        to the policy as it is)."""
+        to the policy as it is). ``state`` / ``episode_start``: see ``predict``; given, returns ``(action, state)``."""
         from tensordict import TensorDictBase
         returns_tensor = torch.is_tensor(obs) or isinstance(obs, TensorDictBase) or \
             isinstance(obs, dict) and torch.is_tensor(obs.get("image"))
@@ -444,7 +452,11 @@ class Agent:
             x = x.unsqueeze(0)
         if self._obs_rms is not None:
             x = normalize_observation(x, self._obs_rms, self.config.obs_clip)
-        if deterministic:
+        recurrent = hasattr(self.policy, "state_size")
+        if recurrent:
+            starts = None if episode_start is None else torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
+            action, state = self.policy.act(x, _state_in(state, x), starts, deterministic)
+        elif deterministic:
             action = self.policy.act_deterministic(x)
         else:
             action = self.policy.get_action_and_value(x)[0]
@@ -452,12 +464,22 @@ class Agent:
             action = torch.maximum(torch.minimum(action.float(), self._high), self._low)
         if single:
             action = action[0]
-        return action.to(out_device) if returns_tensor else action.cpu().numpy()
+        action = action.to(out_device) if returns_tensor else action.cpu().numpy()
+        if not recurrent:
+            return action
+        h = self.policy.hidden_size  # SB3's layout: (h, c) for an LSTM, (h,) for a GRU, each [B, H]
+        parts = tuple(state[:, i:i + h] for i in range(0, state.shape[1], h))
+        return action, tuple(p.to(out_device) if returns_tensor else p.cpu().numpy() for p in parts)
 
     def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True):
-        """Stable-Baselines3's ``predict``: ``(action, None)``, the action as ``act`` gives it, and no recurrent state
-        (fastrl policies keep none; ``state`` and ``episode_start`` are accepted and ignored). So
-        ``action, _ = agent.predict(obs)`` reads the same for one observation and for a batch."""
+        """Stable-Baselines3's ``predict``: ``(action, state)``, the action as ``act`` gives it. A recurrent policy
+        (``recurrent: lstm | gru``) returns its state after the step, ``(h, c)`` (LSTM) or ``(h,)`` (GRU), each
+        ``[B, H]``, to pass back with the next observation; ``state`` None is zeros and ``episode_start [B]`` (bool,
+        SB3's: the observation starts an episode) zeroes those rows first. Other policies keep none: ``state`` and
+        ``episode_start`` are ignored and the state is None. So ``action, _ = agent.predict(obs)`` reads the same for
+        one observation and for a batch."""
+        if hasattr(self.policy, "state_size"):
+            return self.act(obs, deterministic, check_finite, state, episode_start)
         return self.act(obs, deterministic, check_finite), None
 
     def _checkpoint_state(self) -> dict:
