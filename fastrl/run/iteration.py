@@ -101,7 +101,8 @@ class Iteration:
             bootstrap = members_call(k, partial(self.layout.call, "get_value"))(params, carry[0],
                                                                                  *carry[len(STATE_KEYS):]).float()
         if len(carry) > len(STATE_KEYS):  # each column's state at the rollout's start, in every row
-            rows["recurrent_state"] = state["recurrent_state"][None].expand(self.n_steps, *state["recurrent_state"].shape)
+            start = state["recurrent_state"]  # a copy: the caller writes the new state into the tensor it gave
+            rows["recurrent_state"] = start[None].expand(self.n_steps, *start.shape).clone()
         rows["next_value"] = torch.cat([rows["state_value"][1:], bootstrap[None]])
         gae = gae_scan if self.scan else gae_loop
         rows["advantage"], rows["value_target"] = gae(
