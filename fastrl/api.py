@@ -52,7 +52,8 @@ def train(
         hidden_sizes: list[int] | None = None, pi_sizes: list[int] | None = None, vf_sizes: list[int] | None = None,
         policy: str | type | None = None, activation: str | None = None, shared_trunk: bool | None = None,
         init_log_std: float | None = None, use_sde: bool | None = None, sde_sample_freq: int | None = None,
-        ortho_init: bool | None = None, encoder: str | None = None, amp: str | None = None, compile: str | None = None,
+        ortho_init: bool | None = None, recurrent: str | None = None, recurrent_size: int | None = None,
+        encoder: str | None = None, amp: str | None = None, compile: str | None = None,
         # algorithm (every algorithm)
         n_steps: int | None = None, lr: float | None = None, anneal_lr: bool | None = None,
         lr_floor: float | None = None, adam_eps: float | None = None, optimizer: str | None = None,
@@ -104,7 +105,8 @@ def train(
       ``normalize_reward``, ``obs_clip``, ``reward_clip``, ``time_feature``, ``frame_skip``, ``frame_stack``,
       ``noop_max``, ``episodic_life``, ``clip_atari_reward``, ``env_timeout_s``
     - model: ``hidden_sizes``, ``pi_sizes``, ``vf_sizes``, ``policy``, ``activation``, ``shared_trunk``,
-      ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``encoder``, ``amp``, ``compile``
+      ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``recurrent``, ``recurrent_size``,
+      ``encoder``, ``amp``, ``compile``
     - algorithm (every algorithm): ``n_steps``, ``lr``, ``anneal_lr``, ``lr_floor``, ``adam_eps``, ``optimizer``,
       ``rmsprop_alpha``, ``rmsprop_eps``, ``gamma``, ``gae_lambda``, ``ent_coef``, ``vf_coef``, ``max_grad_norm``
     - PPO: ``n_epochs``, ``n_minibatches``, ``clip_coef``, ``anneal_clip``, ``clip_vloss``, ``norm_adv``,

@@ -9,17 +9,20 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from conftest import LEARNING_SEEDS, QUIET, median_of_seeds, one_line_error
+from conftest import LEARNING_SEEDS, median_of_seeds, one_line_error
 from test_population import _assert_members_equal_single_runs, _one_iteration, aot_eager  # noqa: F401
 
 import fastrl
 from fastrl.config import make_config
+from fastrl.learn.models import action_mode
 from fastrl.learn.update import hand_gradient_applies, minibatch_index
 from fastrl.run.trainer import Trainer
 
 SMALL = {"env": "CartPole-v1", "total_steps": 4 * 64 * 3, "n_envs": 4, "n_steps": 64, "n_minibatches": 2,
          "n_epochs": 2, "recurrent": "lstm", "recurrent_size": 16, "hidden_sizes": [16], "compile": "off",
          "progress": False}
+
+API_QUIET = {"wandb": "disabled", "tensorboard": False, "plot": False, "quiet": True}
 
 
 def _collected(overrides: dict, iterations: int = 1) -> tuple:
@@ -138,7 +141,7 @@ def test_every_member_equals_its_single_run(algo):
 def test_whole_iteration_members_compiled_equal_their_single_runs(aot_eager):  # noqa: F811
     """env_backend torch, compiled: the recurrent state rides in the iteration's scans, members vmapped."""
     pop = _one_iteration(make_config({**SMALL, "env_backend": "torch", "compile": "default", "seed": 4,
-                                      "n_seeds": 2, "total_steps": 4 * 64}))
+                                      "n_seeds": 2, "n_steps": 4, "n_epochs": 1, "total_steps": 4 * 4 * 2}))
     assert pop.iteration_call is not None and pop.iteration_call.compiled
     _assert_members_equal_single_runs(pop, compile_mode="default", atol=1e-5, rollout_atol=1e-5)
 
@@ -146,9 +149,8 @@ def test_whole_iteration_members_compiled_equal_their_single_runs(aot_eager):  #
 @pytest.fixture(scope="module")
 def recurrent_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("recurrent")
-    return fastrl.train(env="CartPole-v1", **{k: v for k, v in SMALL.items() if k != "env"}, n_seeds=1,
-                        out_dir=str(out), eval_episodes=2, wandb="disabled", tensorboard=False, plot=False,
-                        quiet=True)
+    return fastrl.train(env="CartPole-v1", **{k: v for k, v in SMALL.items() if k != "env"}, run_dir=str(out / "run"),
+                        eval_episodes=2, **API_QUIET)
 
 
 def test_save_load_and_predict_carries_the_state(recurrent_run, tmp_path):
@@ -167,9 +169,9 @@ def test_save_load_and_predict_carries_the_state(recurrent_run, tmp_path):
         actions.append(torch.as_tensor(action))
     assert isinstance(state, tuple) and len(state) == 2 and state[0].shape == (3, 16)
     policy = agent.policy
-    out, last = policy.unroll(obs.flatten(0, 1), None, starts.flatten())
-    from fastrl.learn.models import action_mode
-    expected = action_mode(policy.base.policy_head(out), policy.action_spec).view(6, 3)
+    with torch.no_grad():
+        out, last = policy.unroll(obs.flatten(0, 1), policy.initial_state(3), starts.flatten())
+        expected = action_mode(policy.base.policy_head(out), policy.action_spec).view(6, 3)
     assert torch.equal(torch.stack(actions), expected)
     np.testing.assert_allclose(np.concatenate(state, axis=1), last.numpy(), atol=1e-6)
     agent.save(tmp_path / "agent.pt")
@@ -180,15 +182,15 @@ def test_save_load_and_predict_carries_the_state(recurrent_run, tmp_path):
 def test_evaluation_and_resume_of_a_recurrent_run(recurrent_run):
     returns = fastrl.evaluate(recurrent_run.run_dir, episodes=2)
     assert returns.shape == (2,) and (returns >= 1).all()
-    resumed = fastrl.train(resume=str(recurrent_run.run_dir), total_steps=SMALL["total_steps"] * 2, quiet=True,
-                           wandb="disabled", tensorboard=False, plot=False, eval_episodes=0)
+    resumed = fastrl.train(resume=str(recurrent_run.run_dir), total_steps=SMALL["total_steps"] * 2, eval_episodes=0,
+                           **API_QUIET)
     assert resumed.summary["resumed_from_step"] == SMALL["total_steps"]
     assert resumed.summary["total_steps"] >= SMALL["total_steps"] * 2
 
 
 NOVEL = {"env": "CartPoleNoVel-v1", "env_backend": "torch", "n_envs": 8, "n_steps": 32, "n_minibatches": 1,
          "n_epochs": 10, "total_steps": 60_000, "lr": 1e-3, "gamma": 0.98, "gae_lambda": 0.8, "ent_coef": 0.0,
-         "hidden_sizes": [64], "recurrent_size": 64, "compile": "off", "eval_episodes": 10}
+         "hidden_sizes": [64], "recurrent_size": 64, "compile": "off", "eval_episodes": 10, "progress": False}
 
 
 @pytest.mark.learning
@@ -196,8 +198,8 @@ def test_lstm_beats_no_memory_on_position_only_cartpole(tmp_path):
     """Median over LEARNING_SEEDS of the deterministic evaluation: an LSTM on CartPole without velocities clearly
     above the same PPO without memory (which cannot tell the pole's motion)."""
     def final(recurrent: str, seed: int) -> float:
-        run = fastrl.train(**NOVEL, recurrent=recurrent, seed=seed, out_dir=str(tmp_path / f"{recurrent}{seed}"),
-                           wandb="disabled", tensorboard=False, plot=False, quiet=True)
+        run = fastrl.train(**NOVEL, recurrent=recurrent, seed=seed, run_dir=str(tmp_path / f"{recurrent}{seed}"),
+                           **API_QUIET)
         return float(run.summary["eval_return_mean"])
     lstm = median_of_seeds(lambda seed: final("lstm", seed))
     none = statistics.median(final("none", seed) for seed in LEARNING_SEEDS)
