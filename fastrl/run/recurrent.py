@@ -24,21 +24,38 @@ from fastrl.config import UserError
 
 class RecurrentCarry:
     """The state ``[K * N, S]`` of a ``[T, K * N]`` rollout ``buffer`` (on ``device``), carried across steps and
-    iterations."""
+    iterations; for a policy without one (no ``recurrent_state`` in ``buffer``) every call passes straight through."""
 
-    def __init__(self, cfg, n_envs: int, env_mode: str, state_size: int, buffer, device):
-        if n_envs % cfg.n_minibatches:
+    def __init__(self, cfg, n_envs: int, env_mode: str, buffer, device):
+        self.recurrent = "recurrent_state" in buffer.keys()
+        if self.recurrent and n_envs % cfg.n_minibatches:
             raise UserError(f"n_minibatches={cfg.n_minibatches} must divide n_envs={n_envs}: a recurrent policy's "
                             "minibatches are whole env columns (n_steps sequences); pick n_minibatches that divides "
                             "n_envs")
-        if env_mode != "sync":
+        if self.recurrent and env_mode != "sync":
             raise UserError("a recurrent policy steps every env together: use --env-mode sync")
         self.buffer, self.device = buffer, device
-        self.state = torch.zeros(buffer.shape[1], state_size, device=device)
+        self.state = torch.zeros(buffer["recurrent_state"].shape[1:], device=device) if self.recurrent else None
+
+    def act(self, policy_step, obs: torch.Tensor, noise: torch.Tensor, t: int) -> tuple:
+        """``policy_step(obs, None, noise, ...)``'s ``(action, logp, entropy, value)`` at row ``t`` on ``device``, the
+        state carried on."""
+        out = policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True),
+                          *self.inputs(t))
+        if self.recurrent:
+            self.state = out[4]
+        return out[:4]
+
+    def bootstrap(self, get_value, obs: torch.Tensor) -> torch.Tensor:
+        """``get_value`` of the observation after the rollout's last row, from the carried state."""
+        return get_value(obs.to(self.device, non_blocking=True), *self.inputs(self.buffer.shape[0], record=False))
 
     def inputs(self, t: int, record: bool = True) -> tuple:
         """``(state, episode_start)`` for the policy's step at row ``t`` (``t = T``: the bootstrap value's, after the
-        last row); ``record``: also write the rollout's start state (t = 0) and row t's ``episode_start``."""
+        last row), or ``()`` without recurrence; ``record``: also write the rollout's start state (t = 0) and row t's
+        ``episode_start``."""
+        if not self.recurrent:
+            return ()
         buffer = self.buffer
         episode_start = ~buffer["valid"][t - 1]
         if record:
@@ -49,5 +66,5 @@ class RecurrentCarry:
 
     def tensors(self) -> dict:
         """The whole iteration's (``fastrl.run.iteration``) carried ``recurrent_state [K * N, S]`` and the next step's
-        ``episode_start [K * N]``."""
-        return {"recurrent_state": self.state, "episode_start": ~self.buffer["valid"][-1]}
+        ``episode_start [K * N]`` (none without recurrence)."""
+        return {"recurrent_state": self.state, "episode_start": ~self.buffer["valid"][-1]} if self.recurrent else {}

@@ -43,7 +43,7 @@ from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_s
 from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
-from fastrl.learn.update import (HPARAM_KEYS, SEQUENCE_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
+from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
                                  hand_gradient_applies, initial_opt_state, minibatch_index)
 from fastrl.run.allocator import keep_freed_memory
 from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
@@ -109,10 +109,9 @@ class Trainer:
         self.steps_per_iteration = k * n * cfg.n_steps * world  # env steps, all members and ranks
         self.n_iterations = max(1, cfg.total_steps // (n * cfg.n_steps * world))  # total_steps: per member
         self.total_steps = self.n_iterations * self.steps_per_iteration
-        state_size = getattr(self.agent, "state_size", 0)
         self.buffer = make_rollout_buffer(cfg.n_steps, k * n, self.env.observation_shape, self.env.observation_dtype,
-                                          self.env.action_spec, self.device, state_size)
-        self.carry = RecurrentCarry(cfg, n, self.env_mode, state_size, self.buffer, self.device) if state_size else None
+                                          self.env.action_spec, self.device, getattr(self.agent, "state_size", 0))
+        self.carry = RecurrentCarry(cfg, n, self.env_mode, self.buffer, self.device)
         self.action_generators = [member_generator(m.seed, "action", rank) for m in self.members]
         self.minibatch_generators = [member_generator(m.seed, "minibatch", rank, self.device) for m in self.members]
         width, self._draw = sampling_noise(self.env.action_spec)
@@ -166,7 +165,7 @@ class Trainer:
         self.rollout_step = None
         if whole:
             return self._plan_iteration()
-        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync" and self.carry is None:
+        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync" and not self.carry.recurrent:
             self.rollout_step = CompiledRolloutStep(policy, self._views, rollout_mode, self.draw_noise)
         self.steps_per_call = per_call
         spec = self.spec
@@ -200,7 +199,7 @@ class Trainer:
         k, n, t = self.n_members, self.n_envs, self.cfg.n_steps
         env = getattr(self.env, "env", self.env)
         live = dict(zip(STATE_KEYS, (self.next_obs, *env.tensor_state, env.stats.running_return,
-                                     env.stats.running_length)), **(self.carry.tensors() if self.carry else {}))
+                                     env.stats.running_length)), **self.carry.tensors())
         device = self.device
         state = {"params": self.params, "opt_state": self.opt_state,
                  **{key: value.to(device).view(k, n, *value.shape[1:]) for key, value in live.items()}}
@@ -222,8 +221,7 @@ class Trainer:
         self.next_obs = live["observation"]
         record_finished(env.stats, rollout["done"], rollout["finished_return"], rollout["finished_length"])
         buffer = self.buffer
-        for key in ("observation", "action", "sample_log_prob", "state_value", "valid", "advantage", "value_target",
-                    *(SEQUENCE_KEYS if self.carry else ())):
+        for key in self.spec.loss_keys:
             buffer[key].copy_(rollout[key])
         for key in ("reward", "done", "terminated", "truncated"):
             buffer["next", key].copy_(rollout[key])
@@ -261,12 +259,7 @@ class Trainer:
         """The rollout forward on ``obs [K * rows, ...]`` (member-major): ``(action, logp, entropy, value)``; a
         recurrent policy's at row ``t``, which carries its state on."""
         noise = self.draw_noise(obs.shape[0] // self.n_members)
-        carry = () if self.carry is None else self.carry.inputs(t)
-        out = self.policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True),
-                               *carry)
-        if carry:
-            self.carry.state = out[4]
-        return out[:4]
+        return self.carry.act(self.policy_step, obs, noise, t)
 
     def collect(self) -> bool:
         """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item().
@@ -310,8 +303,7 @@ class Trainer:
         with self.timer.section("policy"):
             # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
             v.next_value[:-1].copy_(v.state_value[1:])
-            carry = () if self.carry is None else self.carry.inputs(self.cfg.n_steps, record=False)
-            v.next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True), *carry))
+            v.next_value[-1].copy_(self.carry.bootstrap(self.bootstrap_value, obs))
         self.next_obs = obs
         self.global_step += self.steps_per_iteration
 
@@ -381,9 +373,8 @@ class Trainer:
 
     def _minibatch_indices(self, size: int) -> torch.Tensor:
         """Each member's minibatch rows of a ``size``-row batch, ``[K, n_epochs * n_minibatches, mb]``."""
-        spec = self.spec
-        return torch.stack([minibatch_index(size, spec.n_epochs, spec.n_minibatches, g, self.device, spec.sequence_length)
-                            for g in self.minibatch_generators])
+        return torch.stack([minibatch_index(size, self.spec.n_epochs, self.spec.n_minibatches, g, self.device,
+                                            self.spec.sequence_length) for g in self.minibatch_generators])
 
     def _finish_update(self, per_member: dict) -> dict:
         per_member["charts/learning_rate"] = self.hparams["lr"].float()
