@@ -71,6 +71,19 @@ def test_unrolled_update_forward_reproduces_the_rollout_across_episode_boundarie
     assert not torch.allclose(no_reset, flat["sample_log_prob"], atol=1e-4)
 
 
+@pytest.mark.parametrize("env", ["fastrl_space_envs:PixelMatchSmall", "fastrl_space_envs:DictMatch"])
+def test_conv_and_dict_encoders_replay_their_rollout(env):
+    """A CNN encoder (small_cnn) and a Dict one (conv + MLP) under the core: the same exact replay (Gymnasium envs,
+    8-step episodes, so episodes start inside the 16-step segment)."""
+    trainer, acting = _collected({"env": env, "n_steps": 16, "total_steps": 4 * 16 * 3}, iterations=1)
+    assert type(acting.base).__name__ == ("PixelActorCritic" if "Pixel" in env else "DictActorCritic")
+    assert bool(trainer.buffer["episode_start"][1:].any())
+    logp, value, flat = _replay(trainer, acting, torch.tensor([1, 3]))
+    trainer.close()
+    torch.testing.assert_close(logp, flat["sample_log_prob"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(value, flat["state_value"], atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("backend", ["envpool", "torch"])
 def test_episode_start_marks_each_episodes_first_observation(backend):
     """episode_start[t] = ~valid[t - 1] (the step before was the reset step), row 0 from the previous rollout's last
