@@ -224,3 +224,16 @@ def test_position_only_cartpole_is_cartpole_without_velocities(backend):
         assert torch.equal(position_only, state[:, [0, 2]])
     novel.close()
     full.close()
+
+
+def test_benchmark_runs_tiny_and_writes_its_json(tmp_path):
+    """benchmarks/recurrent.py end to end on its fastrl contenders at a tiny budget (sb3-contrib is the lead's run)."""
+    import json
+
+    from benchmarks.recurrent import main
+    out = tmp_path / "recurrent.json"
+    main(["--n-seeds", "1", "--steps", "512", "--eval-episodes", "1", "--libs", "fastrl[lstm],fastrl[none]",
+          "--out", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert sorted(results) == ["fastrl[lstm]", "fastrl[none]"]
+    assert all(r["runs"][0]["steps"] == 512 and r["median_eval_return"] >= 1 for r in results.values())

@@ -17,7 +17,9 @@ minibatch, in order:
 No host sync and no Python branch on tensor values anywhere, so the same code runs eagerly, under
 ``torch.compile(fullgraph=True)``, in CUDA graphs, and under ``torch.func.vmap`` over a leading member axis K (every
 argument ``[K, ...]``): that is how a population trains as one program, with per-member hyperparameters.
-A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled).
+A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled). A recurrent policy's batch
+adds ``SEQUENCE_KEYS`` and each minibatch is whole env columns, ``T * B`` rows time-major (``minibatch_index`` with
+``sequence_length``): the loss unrolls the core over the T steps from the columns' start state (``Update.sequences``).
 
 The IMPALA/APPO learner's batch is time-major: ``VTRACE_KEYS`` (``observation [T, N, ...]``, ``bootstrap_observation
 [N, ...]``, the observation after the last step, and ``[T, N]`` actions, behaviour log-probs, ``valid``, rewards,
