@@ -42,8 +42,8 @@ class RecurrentCarry:
         state carried on."""
         out = policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True),
                           *self.inputs(t))
-        if self.recurrent:
-            self.state = out[4]
+        if self.recurrent:  # a copy: a CUDA-graph replay would overwrite its output while the next call reads it
+            self.state = out[4].clone()
         return out[:4]
 
     def bootstrap(self, get_value, obs: torch.Tensor) -> torch.Tensor:
