@@ -55,7 +55,8 @@ def train(
         hidden_sizes: list[int] | None = None, pi_sizes: list[int] | None = None, vf_sizes: list[int] | None = None,
         policy: str | type | None = None, activation: str | None = None, shared_trunk: bool | None = None,
         init_log_std: float | None = None, use_sde: bool | None = None, sde_sample_freq: int | None = None,
-        ortho_init: bool | None = None, encoder: str | None = None, amp: str | None = None, compile: str | None = None,
+        ortho_init: bool | None = None, recurrent: str | None = None, recurrent_size: int | None = None,
+        encoder: str | None = None, amp: str | None = None, compile: str | None = None,
         # algorithm (every algorithm)
         n_steps: int | None = None, lr: float | None = None, anneal_lr: bool | None = None,
         lr_floor: float | None = None, adam_eps: float | None = None, optimizer: str | None = None,
@@ -107,7 +108,8 @@ def train(
       ``normalize_reward``, ``obs_clip``, ``reward_clip``, ``time_feature``, ``frame_skip``, ``frame_stack``,
       ``noop_max``, ``episodic_life``, ``clip_atari_reward``, ``env_timeout_s``
     - model: ``hidden_sizes``, ``pi_sizes``, ``vf_sizes``, ``policy``, ``activation``, ``shared_trunk``,
-      ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``encoder``, ``amp``, ``compile``
+      ``init_log_std``, ``use_sde``, ``sde_sample_freq``, ``ortho_init``, ``recurrent``, ``recurrent_size``,
+      ``encoder``, ``amp``, ``compile``
     - algorithm (every algorithm): ``n_steps``, ``lr``, ``anneal_lr``, ``lr_floor``, ``adam_eps``, ``optimizer``,
       ``rmsprop_alpha``, ``rmsprop_eps``, ``gamma``, ``gae_lambda``, ``ent_coef``, ``vf_coef``, ``max_grad_norm``
     - PPO: ``n_epochs``, ``n_minibatches``, ``clip_coef``, ``anneal_clip``, ``clip_vloss``, ``norm_adv``,
@@ -204,6 +206,14 @@ def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
         raise UserError("a vector env object gives fastrl no separate envs to evaluate on: drop eval_episodes, or "
                         "pass the id, class or factory of one env (fastrl then builds the vector env itself)")
     given["n_envs"], given["eval_episodes"] = n_envs, 0
+
+
+def _state_in(state, x: torch.Tensor) -> torch.Tensor | None:
+    """``predict``'s ``state`` (a tuple of ``[B, H]`` arrays or tensors) as one ``[B, S]`` tensor on ``x``'s device."""
+    if state is None:
+        return None
+    parts = state if isinstance(state, (tuple, list)) else (state,)
+    return torch.cat([torch.as_tensor(p).float().reshape(x.shape[0], -1) for p in parts], dim=1).to(x.device)
 
 
 def policy_name(cls: type) -> str:
@@ -381,7 +391,8 @@ class Agent:
         return torch.from_numpy(array.copy() if any(stride < 0 for stride in array.strides) else array)
 
     @torch.no_grad()
-    def act(self, obs, deterministic: bool = True, check_finite: bool = True, action_masks=None):
+    def act(self, obs, deterministic: bool = True, check_finite: bool = True, action_masks=None, state=None,
+            episode_start=None):
         """Actions for one observation ``[*observation_shape]`` or a batch ``[B, *observation_shape]``, of any real
         dtype. numpy (or a list) in, numpy out; a torch tensor (or a TensorDict, its ``"observation"``) in, a tensor
         out on its device. Discrete actions are
@@ -390,7 +401,8 @@ class Agent:
         applied as in training. A NaN/Inf observation is refused with one line (``check_finite=False`` passes it
         to the policy as it is). An agent trained with action masks (``fastrl.envs.masks``) takes the Dict observation
         with its ``action_mask``, or the observation and ``action_masks`` (bool ``[n]`` / ``[B, n]``, sb3-contrib's),
-        and picks valid actions only."""
+        and picks valid actions only. ``state`` / ``episode_start``: see ``predict``; given to a recurrent policy,
+        returns ``(action, state)``."""
         from tensordict import TensorDictBase
         if action_masks is not None:
             obs = observation_with_masks(obs, action_masks, self._layout)
@@ -423,20 +435,36 @@ class Agent:
         x = x.to(self.device)
         if single:
             x = x.unsqueeze(0)
-        if deterministic:
+        recurrent = hasattr(self.policy, "state_size")
+        if recurrent:
+            raw = self.raw_policy
+            starts = None if episode_start is None else torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
+            action, state = self.policy.act(raw.observation(x), _state_in(state, x), starts, deterministic)
+            action = raw.action(action)
+        elif deterministic:
             action = self.raw_policy(x)
         else:
             raw = self.raw_policy
             action = raw.action(self.policy.get_action_and_value(raw.observation(x))[0])
         if single:
             action = action[0]
-        return action.to(out_device) if returns_tensor else action.cpu().numpy()
+        action = action.to(out_device) if returns_tensor else action.cpu().numpy()
+        if not recurrent:
+            return action
+        h = self.policy.hidden_size  # SB3's layout: (h, c) for an LSTM, (h,) for a GRU, each [B, H]
+        parts = tuple(state[:, i:i + h] for i in range(0, state.shape[1], h))
+        return action, tuple(p.to(out_device) if returns_tensor else p.cpu().numpy() for p in parts)
 
     def predict(self, obs, state=None, episode_start=None, deterministic: bool = True, check_finite: bool = True,
                 action_masks=None):
-        """Stable-Baselines3's ``predict``: ``(action, None)``, the action as ``act`` gives it, and no recurrent state
-        (fastrl policies keep none; ``state`` and ``episode_start`` are accepted and ignored). So
-        ``action, _ = agent.predict(obs)`` reads the same for one observation and for a batch."""
+        """Stable-Baselines3's ``predict``: ``(action, state)``, the action as ``act`` gives it. A recurrent policy
+        (``recurrent: lstm | gru``) returns its state after the step, ``(h, c)`` (LSTM) or ``(h,)`` (GRU), each
+        ``[B, H]``, to pass back with the next observation; ``state`` None is zeros and ``episode_start [B]`` (bool,
+        SB3's: the observation starts an episode) zeroes those rows first. Other policies keep none: ``state`` and
+        ``episode_start`` are ignored and the state is None. So ``action, _ = agent.predict(obs)`` reads the same for
+        one observation and for a batch."""
+        if hasattr(self.policy, "state_size"):
+            return self.act(obs, deterministic, check_finite, action_masks, state, episode_start)
         return self.act(obs, deterministic, check_finite, action_masks), None
 
     def _checkpoint_state(self) -> dict:

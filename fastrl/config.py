@@ -109,6 +109,9 @@ class Config:
                                   "start of each rollout)")
     ortho_init: bool = _f(True, "orthogonal initial weights (gain sqrt 2, policy head 0.01, value head 1: CleanRL's and "
                                 "SB3's default); false: PyTorch's default init, as SB3's ortho_init=False")
+    recurrent: str = _f("none", "recurrent policy (ppo, a2c): encoder -> one LSTM or GRU layer -> heads, trained on "
+                        "whole n_steps sequences of env columns", ("none", "lstm", "gru"))
+    recurrent_size: int = _f(128, "hidden width of the recurrent layer (CleanRL's LSTM PPO's)")
     encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
                                  "minigrid_cnn from 7x7 to under 16x16, nature_cnn from 36x36, small_cnn otherwise; "
                                  "channels-last images are transposed)",

@@ -70,6 +70,8 @@ APPLIES_TO = {
     **{name: _ACTOR_LEARNER for name in ("n_actors", "n_slots", "learner_batch", "sync_interval", "max_policy_lag",
                                          "actor_timeout_s", "actors", "ray_address", "actor_resources")},
     **{name: _V_TRACE for name in ("rho_bar", "c_bar", "vtrace_lambda")},
+    **{name: (("ppo", "a2c"), "{algo} has no recurrent policies yet", "use --algo ppo")
+       for name in ("recurrent", "recurrent_size")},
 }
 
 # A YAML file describes an experiment, not a place: a saved config.yaml (which records these) starts a new run
@@ -82,7 +84,7 @@ YAML_IGNORED = ("run_dir", "resume", "overwrite")
 VARY_KEYS = ("lr", "lr_floor", "anneal_lr", "clip_coef", "anneal_clip", "ent_coef", "vf_coef", "max_grad_norm",
              "gamma", "gae_lambda", "target_kl", "init_log_std", "ortho_init")
 SHAPE_KEYS = ("n_envs", "n_steps", "n_minibatches", "hidden_sizes", "pi_sizes", "vf_sizes", "policy", "encoder",
-              "activation", "shared_trunk", "use_sde", "env",
+              "activation", "shared_trunk", "use_sde", "env", "recurrent", "recurrent_size",
               "algo", "n_epochs", "optimizer")
 
 

@@ -6,7 +6,7 @@ import torch
 from fastrl.config import UserError, make_config
 from fastrl.distributed.seeding import env_seed
 from fastrl.envs.batched import BatchedEnv, NormalizedEnv, make_env
-from fastrl.envs.registry import envpool_ids, gymnasium_ids, resolve_backend
+from fastrl.envs.registry import OBSERVATION_SUBSETS, envpool_ids, gymnasium_ids, resolve_backend
 from fastrl.envs.stats import EpisodeStats
 
 BACKENDS = ["envpool", "gymnasium"]
@@ -164,7 +164,8 @@ def test_unknown_env_id_suggests_closest(backend_name):
 def test_resolve_backend():
     assert resolve_backend("CartPole-v1") == "envpool"  # both know it: EnvPool first
     assert resolve_backend("CartPole-v1", "gymnasium") == "gymnasium"
-    gymnasium_only = sorted(gymnasium_ids() - envpool_ids())
+    assert resolve_backend("CartPoleNoVel-v1") == "envpool"  # EnvPool's CartPole-v1, two of its entries
+    gymnasium_only = sorted(gymnasium_ids() - envpool_ids() - set(OBSERVATION_SUBSETS))
     assert gymnasium_only, "no Gymnasium-only id to test the fallback with"
     for env_id in gymnasium_only:
         assert resolve_backend(env_id) == "gymnasium", f"{env_id} must fall back to Gymnasium under auto"

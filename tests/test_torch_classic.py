@@ -274,7 +274,7 @@ def test_backend_selection_and_spaces():
         assert tuple(torch_env.observation_shape) == tuple(gym_env.observation_shape)
         assert torch_env.observation_dtype == gym_env.observation_dtype == torch.float32
         gym_env.close()
-    assert set(TORCH_ENVS) == set(ENV_IDS) | {"CartPole-v0"}
+    assert set(TORCH_ENVS) == set(ENV_IDS) | {"CartPole-v0", "CartPoleNoVel-v1"}  # the last: tests/test_recurrent.py
 
 
 def test_train_command_on_a_continuous_torch_env(tmp_path):

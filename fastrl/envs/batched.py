@@ -39,7 +39,7 @@ from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeErr
                                      watched_vector_env)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
-from fastrl.envs.registry import (VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
+from fastrl.envs.registry import (OBSERVATION_SUBSETS, VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
                                   require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
 from fastrl.envs.stats import EnvStep, EpisodeStats, MemberEpisodeStats, MemberRunningMeanStd, RunningMeanStd
@@ -166,6 +166,7 @@ class BatchedEnv:
         self.backend = resolve_backend(env_id, backend)
         lookup_id, factory = resolve_env(env_id)  # module:Id -> Id, after importing module
         env_kwargs = dict(env_kwargs or {})
+        self._keep = None
         if self.backend == "envpool":
             envpool = import_envpool()
             if num_threads:
@@ -177,8 +178,12 @@ class BatchedEnv:
                 # them lazily, on first access: both inside the filter.
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32.*")
-                    self._env = envpool.make(lookup_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
+                    base_id, self._keep = OBSERVATION_SUBSETS.get(lookup_id, (lookup_id, None))
+                    self._env = envpool.make(base_id, env_type="gymnasium", num_envs=n_envs, seed=seed, **env_kwargs)
                     obs_space, act_space = self._env.observation_space, self._env.action_space
+                    if self._keep:  # an id of some of base_id's observation entries
+                        keep = list(self._keep)
+                        obs_space = type(obs_space)(obs_space.low[keep], obs_space.high[keep], dtype=obs_space.dtype)
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {first_line(e)}") from None
         elif lookup_id in VECTOR_ENVS:
@@ -267,6 +272,8 @@ class BatchedEnv:
         return int(limit)
 
     def _obs(self, obs, info: dict | None = None) -> torch.Tensor:
+        if self._keep:
+            obs = obs[:, list(self._keep)]
         if self._masks_in_info:
             obs = masked_observation(obs, info)
         if self._time_limit:

@@ -5,7 +5,8 @@ Keys: ``observation [T, N, *obs]`` (native dtype: uint8 frames stay uint8), ``ac
 ``sample_log_prob``, ``state_value``, ``valid`` (False on auto-reset steps) and under ``"next"``:
 ``reward``, ``done``, ``terminated``, ``truncated``, ``state_value`` (V of the observation that
 followed the step, the real final observation for truncated episodes). ``advantage`` and
-``value_target`` are filled by the algorithm.
+``value_target`` are filled by the algorithm; a recurrent policy's rollout adds ``episode_start`` and
+``recurrent_state``.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ TensorDict = import_tensordict().TensorDict  # before any other tensordict impor
 
 
 def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: torch.dtype, action_spec: ActionSpec,
-                        device: torch.device | str = "cpu") -> TensorDict:
-    """Allocate the ``[T, N]`` buffer once. Host storage is pinned when the learner is on CUDA."""
+                        device: torch.device | str = "cpu", state_size: int = 0) -> TensorDict:
+    """Allocate the ``[T, N]`` buffer once. Host storage is pinned when the learner is on CUDA. ``state_size`` S (a
+    recurrent policy's): with ``episode_start [T, N]`` and ``recurrent_state [T, N, S]`` (see ``fastrl.run.recurrent``)."""
     T, N = n_steps, n_envs
     if action_spec.kind == "discrete":  # MultiDiscrete: one int64 per component
         action = torch.zeros(T, N, *action_spec.shape, dtype=torch.int64)
@@ -43,6 +45,8 @@ def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: 
         "next": TensorDict({"reward": f32(), "done": flag(), "terminated": flag(), "truncated": flag(),
                             "state_value": f32()}, batch_size=[T, N]),
     }, batch_size=[T, N])
+    if state_size:
+        buffer["episode_start"], buffer["recurrent_state"] = flag(), torch.zeros(T, N, state_size)
     if torch.device(device).type == "cuda":
         buffer = buffer.pin_memory()
     return buffer

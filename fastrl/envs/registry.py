@@ -74,10 +74,38 @@ def atari_kwargs(cfg, training: bool = True) -> dict:
                 episodic_life=cfg.episodic_life and training, reward_clip=cfg.clip_atari_reward and training)
 
 
+# Ids of another env's observations with some entries only: id -> (that env's id, the entries kept). EnvPool runs
+# the other env and the entries are taken from its observations (``fastrl.envs.batched``); Gymnasium registers the id
+# (``register_gymnasium_ids``); the torch suite has its own (``fastrl.envs.torch_envs``).
+OBSERVATION_SUBSETS = {"CartPoleNoVel-v1": ("CartPole-v1", (0, 2))}  # the RL Zoo's: [x, theta], no velocities
+
+
 def gymnasium_ids() -> frozenset:
-    """Gymnasium's registered ids, read afresh each call: an id registered after an earlier look-up is found."""
+    """Gymnasium's registered ids (with ``OBSERVATION_SUBSETS``'), read afresh each call: an id registered after an
+    earlier look-up is found."""
     import gymnasium
+    register_gymnasium_ids()
     return frozenset(gymnasium.registry.keys())
+
+
+def register_gymnasium_ids() -> None:
+    """Register ``OBSERVATION_SUBSETS``' ids with Gymnasium (once; an id already registered is kept)."""
+    import gymnasium
+    for env_id, (base, keep) in OBSERVATION_SUBSETS.items():
+        if env_id not in gymnasium.registry:
+            gymnasium.register(env_id, entry_point=functools.partial(observation_subset, base, keep),
+                               max_episode_steps=gymnasium.spec(base).max_episode_steps)
+
+
+def observation_subset(base: str, keep: tuple, **kwargs):
+    """One Gymnasium env ``base`` (without its time limit, which the registration adds) whose observations keep
+    the entries ``keep`` only."""
+    import gymnasium
+    import numpy as np
+    env = gymnasium.make(base, max_episode_steps=None, **kwargs).unwrapped
+    space = env.observation_space
+    subset = gymnasium.spaces.Box(space.low[list(keep)], space.high[list(keep)], dtype=space.dtype)
+    return gymnasium.wrappers.TransformObservation(env, functools.partial(np.take, indices=list(keep)), subset)
 
 
 # Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function):
@@ -207,7 +235,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
             raise UserError(f"env {env_id!r} is a Python class or factory, which EnvPool cannot run; use env_backend "
                             "auto or gymnasium")
         return "gymnasium"
-    in_envpool, in_gym = env_id in envpool_ids(), env_id in gymnasium_ids()
+    in_envpool, in_gym = OBSERVATION_SUBSETS.get(env_id, (env_id,))[0] in envpool_ids(), env_id in gymnasium_ids()
     if backend == "envpool" and in_envpool or backend == "auto" and in_envpool:
         return "envpool"
     if backend in ("gymnasium", "auto") and in_gym:

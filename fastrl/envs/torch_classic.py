@@ -76,6 +76,11 @@ def cartpole_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.
     return stepped, torch.ones_like(x), fallen
 
 
+def cartpole_positions(physics: torch.Tensor) -> torch.Tensor:
+    """CartPole without its velocities (CartPoleNoVel-v1): ``[x, theta]`` float32."""
+    return physics[..., 0::2].float()
+
+
 def state_observation(physics: torch.Tensor) -> torch.Tensor:
     """The physics state itself, as float32 (CartPole, MountainCar)."""
     return physics.float()

@@ -1,8 +1,8 @@
 """Torch-native batched envs (``env_backend: torch``): the env step is a pure function over tensors, gymnax-style,
 so a rollout can step the env inside one ``torch.compile``'d graph, on any device.
 
-The suite is Gymnasium's classic control, its dynamics in ``fastrl.envs.torch_classic``: CartPole-v1 (500 steps) and v0
-(200), Acrobot-v1 (500), MountainCar-v0 (200), MountainCarContinuous-v0 (999) and Pendulum-v1 (200, never
+The suite is Gymnasium's classic control, its dynamics in ``fastrl.envs.torch_classic``: CartPole-v1 (500 steps), v0
+(200) and CartPoleNoVel-v1 (v1 observed as [x, theta] only), Acrobot-v1 (500), MountainCar-v0 (200), MountainCarContinuous-v0 (999) and Pendulum-v1 (200, never
 terminates). Each is a ``TorchEnvSpec``; ``env_step`` steps any of them under the step contract of ``fastrl.envs``
 (next-step auto-reset, ``valid`` False on reset steps, reward 0 there). At the time limit the step is ``truncated``
 and never ``terminated``, as EnvPool reports it (Gymnasium's TimeLimit would set both when the goal or the fall
@@ -50,6 +50,8 @@ _MOUNTAIN_CAR = dict(reset=classic.mountain_car_reset, observe=classic.state_obs
 TORCH_ENVS = {
     "CartPole-v1": TorchEnvSpec(**_CARTPOLE, max_episode_steps=500),
     "CartPole-v0": TorchEnvSpec(**_CARTPOLE, max_episode_steps=200),
+    "CartPoleNoVel-v1": TorchEnvSpec(**{**_CARTPOLE, "observe": classic.cartpole_positions, "observation_shape": (2,)},
+                                     max_episode_steps=500),
     "Acrobot-v1": TorchEnvSpec(
         reset=classic.acrobot_reset, dynamics=classic.acrobot_dynamics, observe=classic.acrobot_observe,
         state_width=4, reset_draws=4, observation_shape=(6,), action_spec=ActionSpec("discrete", n=3),

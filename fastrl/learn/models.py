@@ -8,6 +8,16 @@ Encoders: an MLP for flat observations (``ActorCritic``), and for images a share
 (``PixelActorCritic``): ``NatureCNN`` (Atari), ``ImpalaResNet`` and ``MiniGridCNN`` (7x7 grids). Image
 observations arrive in their native dtype (uint8 frames) and become floats, times ``obs_scale``, only inside
 the model.
+
+Recurrent policies (``RecurrentActorCritic``): any of those encoders, then one LSTM or GRU layer, then the heads.
+The recurrent state of B env columns is one float32 tensor ``[B, S]``: LSTM ``(h, c)`` side by side (S = 2H), GRU
+``h`` (S = H); with a population's member axis the rollout holds ``[K * B, S]``, member-major like every per-env
+tensor. ``episode_start [B]`` (bool) zeroes a row's state before its step, so the first observation of an episode
+sees a zero state (when the rollout sets it: ``fastrl.run.recurrent``). One method serves the rollout step and the
+update: ``get_action_and_value(obs [T * B, ...], action, noise, state [B, S], episode_start [T * B])`` unrolls the
+core over T time-major steps (T = 1 when acting) from ``state`` and returns ``(action, logp, entropy, value,
+state)``: ``[T * B]`` rows and the state after the last step, the same ops in the same order whatever T, so the
+update's unrolled forward reproduces the rollout's step by step.
 """
 from __future__ import annotations
 
@@ -458,6 +468,114 @@ class DictActorCritic(SharedFeatureHeads):
 
 
 
+# ---------------------------------------------------------------------------------------------- recurrent cores
+CORES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
+
+
+def check_recurrent(cfg) -> None:
+    """One-line UserErrors for what a recurrent policy does not cover."""
+    from fastrl.config import UserError
+    if cfg.algo not in ("ppo", "a2c"):
+        raise UserError(f"recurrent={cfg.recurrent} trains with algo ppo or a2c, not {cfg.algo}: use --algo ppo, or "
+                        "--recurrent none")
+    if getattr(cfg, "use_sde", False) or getattr(cfg, "policy", ""):
+        raise UserError(f"recurrent={cfg.recurrent} builds fastrl's own policy without gSDE: drop use_sde and policy, "
+                        "or use --recurrent none")
+    if cfg.recurrent_size <= 0:
+        raise UserError(f"recurrent_size must be > 0, got {cfg.recurrent_size}")
+
+
+class RecurrentActorCritic(nn.Module):
+    """``base`` (an ``ActorCritic`` with a shared trunk, or a ``PixelActorCritic`` / ``DictActorCritic``) gives the
+    encoder (its ``_features``), the action distribution and its heads, rebuilt over the core's ``size`` outputs."""
+
+    def __init__(self, base: nn.Module, kind: str, size: int):
+        super().__init__()
+        if getattr(base, "mask_width", 0):
+            from fastrl.config import UserError
+            raise UserError("recurrent policies do not take action masks yet: drop --recurrent, or the env's "
+                            "action_mask / action_masks()")
+        self.base, self.kind, self.hidden_size = base, kind, size
+        width = base.policy_head.in_features
+        self.core = CORES[kind](width, size)
+        for name, param in self.core.named_parameters():  # CleanRL's LSTM init: orthogonal weights, zero biases
+            nn.init.orthogonal_(param) if name.startswith("weight") else nn.init.zeros_(param)
+        base.policy_head = orthogonal_init(nn.Linear(size, base.policy_head.out_features), gain=0.01)
+        base.value_head = orthogonal_init(nn.Linear(size, 1), gain=1.0)
+        self.state_size = 2 * size if kind == "lstm" else size
+
+    @property
+    def action_spec(self):
+        return self.base.action_spec
+
+    @property
+    def discrete(self) -> bool:
+        return self.base.discrete
+
+    def initial_state(self, rows: int, device=None) -> torch.Tensor:
+        """The zero state ``[rows, S]``."""
+        return torch.zeros(rows, self.state_size, device=device)
+
+    def unroll(self, obs: torch.Tensor, state: torch.Tensor | None, episode_start: torch.Tensor | None):
+        """The core's outputs ``[T * B, H]`` over time-major ``obs [T * B, ...]`` from ``state [B, S]`` (None: zeros,
+        B = the rows of ``obs``), zeroing a row's state where ``episode_start [T * B]``; and the last state."""
+        features = self.base._features(obs)
+        features = features[0] if isinstance(features, tuple) else features  # a shared MLP trunk's (actor, critic)
+        state = self.initial_state(obs.shape[0], obs.device) if state is None else state
+        b, h, core = state.shape[0], self.hidden_size, self.core
+        # The input projection of every step at once; only the recurrence runs step by step.
+        inputs = F.linear(features, core.weight_ih, core.bias_ih).view(-1, b, core.weight_ih.shape[0])
+        keep = None if episode_start is None else (~episode_start.bool()).view(-1, b, 1)
+        outputs = []
+        for t in range(inputs.shape[0]):
+            if keep is not None:
+                state = state * keep[t]
+            hidden = state[:, :h]
+            recurrent = F.linear(hidden, core.weight_hh, core.bias_hh)
+            if self.kind == "lstm":
+                i, f, g, o = (inputs[t] + recurrent).chunk(4, dim=-1)
+                cell = torch.sigmoid(f) * state[:, h:] + torch.sigmoid(i) * torch.tanh(g)
+                hidden = torch.sigmoid(o) * torch.tanh(cell)
+                state = torch.cat([hidden, cell], dim=-1)
+            else:  # nn.GRUCell's equations
+                x_r, x_z, x_n = inputs[t].chunk(3, dim=-1)
+                h_r, h_z, h_n = recurrent.chunk(3, dim=-1)
+                reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+                hidden = state = (1 - update) * torch.tanh(x_n + reset * h_n) + update * hidden
+            outputs.append(hidden)
+        return torch.cat(outputs), state.float()
+
+    def get_action_and_value(self, obs: torch.Tensor, action=None, noise=None, state=None, episode_start=None):
+        """``(action, logp, entropy, value, state)``: see the module docstring; ``action`` / ``noise`` as
+        ``ActorCritic.get_action_and_value``'s, ``[T * B]`` rows."""
+        out, state = self.unroll(obs, state, episode_start)
+        base = self.base
+        value = run_mlp(base.value_head, out).squeeze(-1).float()
+        action, logp, entropy = action_logp_entropy(run_mlp(base.policy_head, out), base.action_spec,
+                                                    getattr(base, "log_std", None), action, noise)
+        return action, logp, entropy, value, state
+
+    def get_value(self, obs: torch.Tensor, state=None, episode_start=None) -> torch.Tensor:
+        return run_mlp(self.base.value_head, self.unroll(obs, state, episode_start)[0]).squeeze(-1).float()
+
+    @torch.no_grad()
+    def act(self, obs: torch.Tensor, state=None, episode_start=None, deterministic: bool = True):
+        """One step of B envs: ``(action, state)``, the mode of the policy (or a sample)."""
+        if not deterministic:
+            action, *_, state = self.get_action_and_value(obs, None, None, state, episode_start)
+            return action, state
+        out, state = self.unroll(obs, state, episode_start)
+        return action_mode(run_mlp(self.base.policy_head, out), self.base.action_spec), state
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode from a zero state (no memory): ``act`` carries the state."""
+        return self.act(obs)[0]
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.act_deterministic(obs)
+
+
 def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
     """``cfg.policy`` (``module:QualName`` or ``path/to/file.py:QualName`` of an ``nn.Module`` class) built as
     ``cls(obs_shape, action_spec, cfg)``; any other object is refused before it is called."""
@@ -479,8 +597,12 @@ def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
 def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
                channels_last: bool = False, observation_space=None) -> nn.Module:
     """The actor-critic ``cfg.policy`` names (a custom class), else the one ``cfg.encoder`` asks for (a Dict env's:
-    ``DictActorCritic``; Discrete observations: one-hot encoded). ``obs_scale`` None: 1/255 for image observations.
+    ``DictActorCritic``; Discrete observations: one-hot encoded), under ``cfg.recurrent`` a ``RecurrentActorCritic``
+    over it. ``obs_scale`` None: 1/255 for image observations.
     ``observation_space``: one env's Gymnasium space (None: read from ``cfg``'s env where the shape needs it)."""
+    recurrent = getattr(cfg, "recurrent", "none")
+    if recurrent != "none":
+        check_recurrent(cfg)
     if getattr(cfg, "policy", ""):
         if getattr(cfg, "use_sde", False):
             from fastrl.config import UserError
@@ -490,7 +612,7 @@ def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float 
     agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last, observation_space)
     if not getattr(cfg, "ortho_init", True):
         default_init_(agent)
-    return agent
+    return agent if recurrent == "none" else RecurrentActorCritic(agent, recurrent, cfg.recurrent_size)
 
 
 def default_init_(agent: nn.Module) -> nn.Module:
@@ -522,7 +644,8 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
     if layout is not None:
         return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
     if encoder == "mlp":
-        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, cfg.shared_trunk, cfg.init_log_std,
+        shared = cfg.shared_trunk or getattr(cfg, "recurrent", "none") != "none"  # one trunk feeds the core
+        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, shared, cfg.init_log_std,
                            getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde, one_hot,
                            form.mask if form is not None else 0)
     return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,

@@ -184,27 +184,28 @@ class MemberPolicy:
     def _eager_views(self):
         return None if torch.compiler.is_compiling() else self._views
 
-    def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None):
+    def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None, *carry):
+        """``carry``: a recurrent policy's ``(state, episode_start)``, ``[K * B, ...]`` rows like ``obs``."""
         k = self.n_members
         if k == 1:
             with self.autocast():
-                return self.agent.get_action_and_value(obs, action, noise)
+                return self.agent.get_action_and_value(obs, action, noise, *carry)
         if action is not None:
             raise ValueError("MemberPolicy evaluates sampled actions only")
-        b = obs.shape[0] // k
         with self.autocast():
-            action, logp, _, value = self.layout.call_members("get_action_and_value", self.params,
-                                                              obs.view(k, b, *obs.shape[1:]), None,
-                                                              noise.view(k, b, *noise.shape[1:]),
-                                                              views=self._eager_views())
-        return action.reshape(k * b, *action.shape[2:]), logp.reshape(-1), None, value.reshape(-1)
+            out = self.layout.call_members("get_action_and_value", self.params, *self._split(obs, None, noise, *carry),
+                                           views=self._eager_views())
+        return tuple(None if x is None else x.reshape(-1, *x.shape[2:]) for x in out)
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        k = self.n_members
-        if k == 1:
+    def get_value(self, obs: torch.Tensor, *carry) -> torch.Tensor:
+        if self.n_members == 1:
             with self.autocast():
-                return self.agent.get_value(obs)
-        b = obs.shape[0] // k
+                return self.agent.get_value(obs, *carry)
         with self.autocast():
-            return self.layout.call_members("get_value", self.params, obs.view(k, b, *obs.shape[1:]),
+            return self.layout.call_members("get_value", self.params, *self._split(obs, *carry),
                                             views=self._eager_views()).reshape(-1)
+
+    def _split(self, *rows):
+        """Member-major ``[K * B, ...]`` rows as ``[K, B, ...]`` (None passes)."""
+        k = self.n_members
+        return tuple(None if x is None else x.view(k, x.shape[0] // k, *x.shape[1:]) for x in rows)

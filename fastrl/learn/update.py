@@ -17,7 +17,9 @@ minibatch, in order:
 No host sync and no Python branch on tensor values anywhere, so the same code runs eagerly, under
 ``torch.compile(fullgraph=True)``, in CUDA graphs, and under ``torch.func.vmap`` over a leading member axis K (every
 argument ``[K, ...]``): that is how a population trains as one program, with per-member hyperparameters.
-A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled).
+A2C is the same function with one epoch of one minibatch (the whole rollout, unshuffled). A recurrent policy's batch
+adds ``SEQUENCE_KEYS`` and each minibatch is whole env columns, ``T * B`` rows time-major (``minibatch_index`` with
+``sequence_length``): the loss unrolls the core over the T steps from the columns' start state (``Update.sequences``).
 
 The IMPALA/APPO learner's batch is time-major: ``VTRACE_KEYS`` (``observation [T, N, ...]``, ``bootstrap_observation
 [N, ...]``, the observation after the last step, and ``[T, N]`` actions, behaviour log-probs, ``valid``, rewards,
@@ -60,6 +62,8 @@ from fastrl.learn.stacked import FlatLayout
 
 # The minibatch fields a loss reads, in the order the update takes them.
 LOSS_KEYS = ("observation", "action", "sample_log_prob", "advantage", "state_value", "value_target", "valid")
+# A recurrent policy's too: each row's episode_start and its column's state at the rollout's start ([B, S] rows).
+SEQUENCE_KEYS = ("episode_start", "recurrent_state")
 # The IMPALA/APPO learner's inputs, time-major (see the module docstring).
 VTRACE_KEYS = ("observation", "bootstrap_observation", "action", "sample_log_prob", "valid", "reward", "done",
                "terminated")
@@ -92,6 +96,7 @@ class UpdateSpec:
     n_minibatches: int
     loss_scaling: bool  # fp16: dynamic loss scaling
     vtrace: tuple = ()  # impala/appo: (gamma, rho_bar, c_bar, vtrace_lambda)
+    sequence_length: int = 0  # a recurrent policy's: n_steps, the T of the sequences its minibatches hold; else 0
 
     @classmethod
     def of(cls, cfg) -> "UpdateSpec":
@@ -103,7 +108,12 @@ class UpdateSpec:
                    bool(getattr(cfg, "clip_vloss", False)), bool(cfg.norm_adv),
                    float(cfg.target_kl) if cfg.algo == "ppo" else 0.0,
                    1 if cfg.algo in ("a2c", "impala") else cfg.n_epochs, 1 if a2c else cfg.n_minibatches,
-                   cfg.amp == "fp16", vtrace)
+                   cfg.amp == "fp16", vtrace, cfg.n_steps if getattr(cfg, "recurrent", "none") != "none" else 0)
+
+    @property
+    def loss_keys(self) -> tuple:
+        """The batch fields the loss reads, in order: ``LOSS_KEYS`` (and ``SEQUENCE_KEYS``, recurrent)."""
+        return LOSS_KEYS + (SEQUENCE_KEYS if self.sequence_length else ())
 
     @property
     def n_steps(self) -> int:
@@ -146,8 +156,10 @@ def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: b
 
 
 def hand_gradient_applies(spec: UpdateSpec, layout: FlatLayout, autocast) -> bool:
-    """Whether ``fastrl.learn.mlp_gradient``'s hand-derived gradient covers this agent and update (``step_path``'s input)."""
-    return MembersMLPGradient.supports(layout.agent, spec.algo, autocast is nullcontext, spec.loss_scaling)
+    """Whether ``fastrl.learn.mlp_gradient``'s hand-derived gradient covers this agent and update (``step_path``'s input):
+    never a recurrent policy's."""
+    return not spec.sequence_length and MembersMLPGradient.supports(layout.agent, spec.algo, autocast is nullcontext,
+                                                                    spec.loss_scaling)
 
 
 class Update:
@@ -189,14 +201,23 @@ class Update:
         observation, action = minibatch[:2]
         with self.autocast():
             if params is None:
-                _, logp, entropy, value = self.eager_agent.get_action_and_value(observation, action)
+                out = self.eager_agent.get_action_and_value(observation, action, None, *self.sequences(minibatch))
             else:
-                _, logp, entropy, value = self.layout.call("get_action_and_value", params, observation, action)
-        return self.loss_of(logp, entropy, value, minibatch, hparams)
+                out = self.layout.call("get_action_and_value", params, observation, action, None,
+                                       *self.sequences(minibatch))
+        return self.loss_of(*out[1:4], minibatch, hparams)
+
+    def sequences(self, minibatch: tuple) -> tuple:
+        """A recurrent policy's ``(state [..., B, S], episode_start [..., T * B])`` for its minibatch of B whole
+        columns, ``T * B`` rows time-major (the state: the rows of the first step); else ``()``."""
+        if not self.spec.sequence_length:
+            return ()
+        episode_start, state = minibatch[len(LOSS_KEYS):]
+        return state[..., :state.shape[-2] // self.spec.sequence_length, :], episode_start
 
     def loss_of(self, logp, entropy, value, minibatch: tuple, hparams: dict):
         """The loss given the policy's outputs on the minibatch (``kernels.ppo_loss`` / ``kernels.pg_loss``)."""
-        _, _, old_logp, advantage, old_value, value_target, valid = minibatch
+        _, _, old_logp, advantage, old_value, value_target, valid = minibatch[:len(LOSS_KEYS)]
         # backend="torch": the composed ops, which inductor fuses (and which torch.func can differentiate).
         if self.spec.algo == "a2c":
             return kernels.pg_loss(logp.float(), advantage, value.float(), value_target, entropy.float(), valid,
@@ -298,8 +319,8 @@ class Update:
             else:
                 leaves = [weights.requires_grad_()]
             with self.autocast():
-                _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2],
-                                                                   views=views)
+                _, logp, entropy, value = self.layout.call_members("get_action_and_value", weights, *minibatch[:2], None,
+                                                                   *self.sequences(minibatch), views=views)[:4]
             loss, stats = vmap(self.loss_of)(logp, entropy, value, minibatch, hparams)
             total = (loss * scale).sum() if scale is not None else loss.sum()
             grads = torch.autograd.grad(total, leaves)
@@ -432,7 +453,7 @@ class Update:
         if self.spec.algo == "impala":
             return tuple(batch[key] for key in VTRACE_KEYS), {}
         if self.spec.algo != "appo":
-            return tuple(batch[key] for key in LOSS_KEYS), {}
+            return tuple(batch[key] for key in self.spec.loss_keys), {}
         learner_inputs = tuple(batch[key] for key in VTRACE_KEYS)
         observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
         policy = (self.eager_agent.get_action_and_value if self.path == "module"
@@ -531,12 +552,17 @@ def finish_metrics(sums: dict) -> dict:
 
 
 def minibatch_index(batch_size: int, n_epochs: int, n_minibatches: int, generator: torch.Generator,
-                    device) -> torch.Tensor:
+                    device, sequence_length: int = 0) -> torch.Tensor:
     """``[n_epochs * n_minibatches, batch_size / n_minibatches]``: each epoch one ``randperm`` of the batch rows from
-    ``generator``, cut into ``n_minibatches`` equal slices."""
-    size = batch_size // n_minibatches
-    perms = [torch.randperm(batch_size, generator=generator, device=device) for _ in range(n_epochs)]
-    return torch.stack(perms).view(n_epochs * n_minibatches, size)
+    ``generator``, cut into ``n_minibatches`` equal slices. ``sequence_length`` T (a recurrent policy's): the rows are
+    ``[T, N]`` time-major and each epoch permutes the N env columns instead: a minibatch is ``N / n_minibatches``
+    whole columns, its rows time-major (``t * N + column``)."""
+    columns = batch_size // sequence_length if sequence_length else batch_size
+    perms = torch.stack([torch.randperm(columns, generator=generator, device=device) for _ in range(n_epochs)])
+    perms = perms.view(n_epochs * n_minibatches, 1, columns // n_minibatches)
+    if sequence_length:
+        perms = perms + torch.arange(sequence_length, device=device).view(1, -1, 1) * columns
+    return perms.flatten(1)
 
 
 def epoch_end_mask(first: int, count: int, n_minibatches: int, device) -> torch.Tensor:

@@ -36,10 +36,16 @@ def eval_seed(run_seed: int, k: int = 0, episodes: int = 0) -> int:
     return (run_seed * 100_003 + 700_000_000) % (2**31 - 1) + k * episodes
 
 
-def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic: bool) -> torch.Tensor:
+def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic: bool, state=None,
+                   episode_start=None) -> tuple:
+    """``(action, state)``: a recurrent policy (``act``) carries ``state``, zeroed where ``episode_start``; others
+    keep none (``state`` None)."""
     obs = obs.to(device, non_blocking=True)
+    if hasattr(agent, "state_size"):
+        action, state = agent.act(obs, state, None if episode_start is None else episode_start.to(device), deterministic)
+        return action.cpu(), state
     action = agent.act_deterministic(obs) if deterministic else agent.get_action_and_value(obs)[0]
-    return action.cpu()
+    return action.cpu(), None
 
 
 def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_000,
@@ -60,6 +66,7 @@ def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_0
     if max_total_steps:
         max_steps = max(1, min(max_steps, max_total_steps // n_envs))
     obs = env.reset()
+    state, episode_start = None, None  # a recurrent policy's; next-step auto-reset: see fastrl.run.recurrent
     finished = torch.zeros(n_envs, dtype=torch.bool)
     episode_return = torch.zeros(n_envs, dtype=torch.float64)
     start = next_report = time.perf_counter()
@@ -68,7 +75,9 @@ def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_0
     while steps < max_steps:
         if should_stop is not None and should_stop():
             raise EvaluationStopped
-        step = env.step(_policy_action(agent, obs, device, deterministic))
+        action, state = _policy_action(agent, obs, device, deterministic, state, episode_start)
+        step = env.step(action)
+        episode_start = ~step.valid
         steps += 1
         episode_return += step.reward.double() * ~finished
         finished |= step.done
@@ -222,9 +231,11 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
             writer = imageio.get_writer(path, fps=fps, macro_block_size=2)
             try:
                 writer.append_data(np.asarray(frame))
+                state = None  # a recurrent policy's, from zeros each episode
                 for _ in range(max_frames):
                     policy_obs = _video_observation(obs, cfg, normalizer_state).to(device)
-                    action = agent.act_deterministic(policy_obs).cpu()[0]
+                    action, state = _policy_action(agent, policy_obs, device, True, state)
+                    action = action[0]
                     if isinstance(space, gymnasium.spaces.Discrete):
                         action = int(action)
                     else:

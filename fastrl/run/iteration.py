@@ -13,7 +13,8 @@ Every tensor carries a leading member axis K (K = 1 is a single run):
 - ``state``: ``params [K, P]``, ``opt_state`` (``fastrl.learn.optim``, ``[K, ...]``), ``observation [K, N, *obs]`` (the
   observation the next step acts on), the env state ``physics [K, N, S]`` float64, ``elapsed [K, N]`` int64,
   ``prev_done [K, N]`` bool, and ``running_return [K, N]`` float64 / ``running_length [K, N]`` int64 (the episodes
-  in progress, as ``fastrl.envs.stats.EpisodeStats`` keeps them).
+  in progress, as ``fastrl.envs.stats.EpisodeStats`` keeps them); a recurrent policy's ``recurrent_state [K, N, S]``
+  and ``episode_start [K, N]`` (``fastrl.run.recurrent``), which its rollout rows and loss inputs gain too.
 - ``hparams [K]``: ``HPARAM_KEYS``, ``target_kl``, ``gamma`` and ``gae_lambda``.
 - ``draws``: ``action_noise [K, T, N, width]`` (``fastrl.run.rollout.sampling_noise``), ``reset_uniform [K, T, N, R]``
   (``TorchEnv.draw_reset_uniform``'s) and, for PPO, ``minibatch_index [K, n_epochs * n_minibatches, mb]``. Torch
@@ -35,7 +36,7 @@ from functools import partial
 import torch
 
 from fastrl.learn.ppo import explained_variance
-from fastrl.learn.update import LOSS_KEYS, Update, epoch_end_mask, finish_metrics, members_call
+from fastrl.learn.update import Update, epoch_end_mask, finish_metrics, members_call
 
 STATE_KEYS = ("observation", "physics", "elapsed", "prev_done", "running_return", "running_length")
 ROLLOUT_KEYS = ("observation", "action", "sample_log_prob", "state_value", "reward", "done", "terminated",
@@ -84,22 +85,31 @@ class Iteration:
             raise ValueError("the iteration takes the functional update path")
         self.layout, self.env_step, self.update, self.autocast = layout, env_step, update, autocast
         self.n_steps, self.n_minibatches, self.scan = n_steps, n_minibatches, scan
+        # A recurrent policy's state and next episode_start ride in the carry (fastrl.run.recurrent), the episode
+        # starts in the rows.
+        recurrent = bool(update.spec.sequence_length)
+        self.state_keys = STATE_KEYS + (("recurrent_state", "episode_start") if recurrent else ())
+        self.rollout_keys = ROLLOUT_KEYS + (("episode_start",) if recurrent else ())
 
     def __call__(self, state: dict, hparams: dict, draws: dict):
         """K members: ``(state, metrics)``, every tensor ``[K, ...]`` (see the module docstring)."""
         params = state["params"]
         k = params.shape[0]
-        carry, rows = self.rollout(params, tuple(state[key] for key in STATE_KEYS), draws["action_noise"],
+        carry, rows = self.rollout(params, tuple(state[key] for key in self.state_keys), draws["action_noise"],
                                    draws["reset_uniform"])  # rows [T, K, N, ...]
         with self.autocast():
-            bootstrap = members_call(k, partial(self.layout.call, "get_value"))(params, carry[0]).float()
+            bootstrap = members_call(k, partial(self.layout.call, "get_value"))(params, carry[0],
+                                                                                 *carry[len(STATE_KEYS):]).float()
+        if len(carry) > len(STATE_KEYS):  # each column's state at the rollout's start, in every row
+            start = state["recurrent_state"]  # a copy: the caller writes the new state into the tensor it gave
+            rows["recurrent_state"] = start[None].expand(self.n_steps, *start.shape).clone()
         rows["next_value"] = torch.cat([rows["state_value"][1:], bootstrap[None]])
         gae = gae_scan if self.scan else gae_loop
         rows["advantage"], rows["value_target"] = gae(
             rows["reward"], rows["state_value"], rows["next_value"], rows["done"], rows["terminated"],
             hparams["gamma"][:, None], hparams["gae_lambda"][:, None])
         rollout = {key: value.transpose(0, 1) for key, value in rows.items()}  # [K, T, N, ...]
-        inputs = tuple(rollout[key].flatten(1, 2) for key in LOSS_KEYS)  # [K, T * N, ...], time-major per member
+        inputs = tuple(rollout[key].flatten(1, 2) for key in self.update.spec.loss_keys)  # [K, T * N, ...] time-major
         active = torch.ones_like(params[:, 0], dtype=torch.bool)
         index, update = draws.get("minibatch_index"), self.update
         if index is None:  # A2C: one step on the whole rollout
@@ -111,7 +121,7 @@ class Iteration:
                                                            epoch_ends, loop=not self.scan)
         metrics = {**finish_metrics(sums), "rollout": rollout,
                    "explained_variance": explained_variance(inputs[4], inputs[5], inputs[6].float(), dim=-1)}
-        return {"params": params, "opt_state": opt_state, **dict(zip(STATE_KEYS, carry))}, metrics
+        return {"params": params, "opt_state": opt_state, **dict(zip(self.state_keys, carry))}, metrics
 
     def rollout(self, params, carry: tuple, action_noise, reset_uniform):
         """T steps of every member from ``carry`` (``STATE_KEYS``' tensors, ``[K, N, ...]``): ``(carry, rows)``,
@@ -130,14 +140,16 @@ class Iteration:
                 carry, row = body(carry, (xs[0][t], xs[1][t]))
                 per_step.append(row)
             rows = tuple(torch.stack(column) for column in zip(*per_step))
-        return carry, dict(zip(ROLLOUT_KEYS, rows))
+        return carry, dict(zip(self.rollout_keys, rows))
 
     def rollout_step(self, params, carry: tuple, noise, reset_uniform):
         """One step: the policy acts on the carried observation, the env steps (auto-resetting envs whose previous
         step ended an episode), and the running episode totals follow ``EpisodeStats.update``'s bookkeeping."""
-        obs, physics, elapsed, prev_done, running_return, running_length = carry
+        obs, physics, elapsed, prev_done, running_return, running_length = carry[:len(STATE_KEYS)]
+        recurrent = carry[len(STATE_KEYS):]  # (state, episode_start) of a recurrent policy
         with self.autocast():
-            action, logp, _, value = self.layout.call("get_action_and_value", params, obs, None, noise)
+            action, logp, _, value, *state = self.layout.call("get_action_and_value", params, obs, None, noise,
+                                                              *recurrent)
         physics, elapsed, done, next_obs, reward, terminated, truncated, valid = self.env_step(
             physics, elapsed, prev_done, action, reset_uniform)
         episode_return = running_return + reward.double() * valid
@@ -146,10 +158,11 @@ class Iteration:
         # which a scan refuses.
         carry = tuple(x.contiguous() for x in (next_obs, physics, elapsed, done,
                       torch.where(done, torch.zeros_like(episode_return), episode_return),
-                      torch.where(done, torch.zeros_like(episode_length), episode_length)))
+                      torch.where(done, torch.zeros_like(episode_length), episode_length),
+                      *((state[0], ~valid) if recurrent else ())))
         # Outputs are fresh tensors: a scan's outputs may alias neither its inputs nor each other.
         row = (obs.clone(), action, logp.float(), value.float(), reward, done.clone(), terminated, truncated, valid,
-               episode_return, episode_length)
+               episode_return, episode_length, *((recurrent[1].clone(),) if recurrent else ()))
         return carry, row
 
 

@@ -43,13 +43,14 @@ from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_s
 from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
-from fastrl.learn.update import (HPARAM_KEYS, LOSS_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
+from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
                                  hand_gradient_applies, initial_opt_state, minibatch_index)
 from fastrl.run.allocator import keep_freed_memory
 from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
 from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
 from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
 from fastrl.run.population import member_configs, member_hyperparameters, varied_keys, variant_name
+from fastrl.run.recurrent import RecurrentCarry
 from fastrl.run.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
 from fastrl.run.threads import rank_n_envs, torch_thread_counts, torch_threads
 
@@ -109,7 +110,8 @@ class Trainer:
         self.n_iterations = max(1, cfg.total_steps // (n * cfg.n_steps * world))  # total_steps: per member
         self.total_steps = self.n_iterations * self.steps_per_iteration
         self.buffer = make_rollout_buffer(cfg.n_steps, k * n, self.env.observation_shape, self.env.observation_dtype,
-                                          self.env.action_spec, self.device)
+                                          self.env.action_spec, self.device, getattr(self.agent, "state_size", 0))
+        self.carry = RecurrentCarry(cfg, n, self.env_mode, self.buffer, self.device)
         self.action_generators = [member_generator(m.seed, "action", rank) for m in self.members]
         self.minibatch_generators = [member_generator(m.seed, "minibatch", rank, self.device) for m in self.members]
         width, self._draw = sampling_noise(self.env.action_spec)
@@ -163,7 +165,7 @@ class Trainer:
         self.rollout_step = None
         if whole:
             return self._plan_iteration()
-        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync":
+        if rollout_mode != "off" and self.device.type == "cpu" and self.env_mode == "sync" and not self.carry.recurrent:
             self.rollout_step = CompiledRolloutStep(policy, self._views, rollout_mode, self.draw_noise)
         self.steps_per_call = per_call
         spec = self.spec
@@ -197,7 +199,7 @@ class Trainer:
         k, n, t = self.n_members, self.n_envs, self.cfg.n_steps
         env = getattr(self.env, "env", self.env)
         live = dict(zip(STATE_KEYS, (self.next_obs, *env.tensor_state, env.stats.running_return,
-                                     env.stats.running_length)))
+                                     env.stats.running_length)), **self.carry.tensors())
         device = self.device
         state = {"params": self.params, "opt_state": self.opt_state,
                  **{key: value.to(device).view(k, n, *value.shape[1:]) for key, value in live.items()}}
@@ -219,7 +221,7 @@ class Trainer:
         self.next_obs = live["observation"]
         record_finished(env.stats, rollout["done"], rollout["finished_return"], rollout["finished_length"])
         buffer = self.buffer
-        for key in ("observation", "action", "sample_log_prob", "state_value", "valid", "advantage", "value_target"):
+        for key in self.spec.loss_keys:
             buffer[key].copy_(rollout[key])
         for key in ("reward", "done", "terminated", "truncated"):
             buffer["next", key].copy_(rollout[key])
@@ -253,10 +255,11 @@ class Trainer:
             self._draw(rows, noise.shape[1], generator=generator, out=noise[m * rows:(m + 1) * rows])
         return noise
 
-    def act(self, obs: torch.Tensor) -> tuple:
-        """The rollout forward on ``obs [K * rows, ...]`` (member-major): ``(action, logp, entropy, value)``."""
+    def act(self, obs: torch.Tensor, t: int | None = None) -> tuple:
+        """The rollout forward on ``obs [K * rows, ...]`` (member-major): ``(action, logp, entropy, value)``; a
+        recurrent policy's at row ``t``, which carries its state on."""
         noise = self.draw_noise(obs.shape[0] // self.n_members)
-        return self.policy_step(obs.to(self.device, non_blocking=True), None, noise.to(self.device, non_blocking=True))
+        return self.carry.act(self.policy_step, obs, noise, t)
 
     def collect(self) -> bool:
         """Fill the ``[T, K * n]`` buffer. Per step: one policy forward, one env step, slice writes; no .item().
@@ -291,7 +294,7 @@ class Trainer:
 
     def _act_eager(self, obs: torch.Tensor, t: int) -> torch.Tensor:
         """The policy forward (compiled on CUDA and for K > 1) and row ``t``'s writes; the action on the CPU."""
-        action, logp, _, value = self.act(obs)
+        action, logp, _, value = self.act(obs, t)
         self._views.write_policy(t, obs, action, logp, value)
         return action.cpu()
 
@@ -300,7 +303,7 @@ class Trainer:
         with self.timer.section("policy"):
             # next_value[t] = V(obs after step t): the next row's value, and a bootstrap forward for the last row.
             v.next_value[:-1].copy_(v.state_value[1:])
-            v.next_value[-1].copy_(self.bootstrap_value(obs.to(self.device, non_blocking=True)))
+            v.next_value[-1].copy_(self.carry.bootstrap(self.bootstrap_value, obs))
         self.next_obs = obs
         self.global_step += self.steps_per_iteration
 
@@ -359,7 +362,7 @@ class Trainer:
         with self.timer.section("update"), skip_guards(self._warm_compiled()), torch_threads(self.update_threads):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
             self._advantages(batch)
-            inputs = tuple(self._member_major(batch[key]) for key in LOSS_KEYS)
+            inputs = tuple(self._member_major(batch[key]) for key in self.spec.loss_keys)
             index = self._minibatch_indices(inputs[0].shape[1]) if self.cfg.algo != "a2c" else None
             sums = self.minibatch_steps(inputs, index)
             per_member = {f"losses/{key}": value for key, value in finish_metrics(sums).items()}
@@ -370,8 +373,8 @@ class Trainer:
 
     def _minibatch_indices(self, size: int) -> torch.Tensor:
         """Each member's minibatch rows of a ``size``-row batch, ``[K, n_epochs * n_minibatches, mb]``."""
-        return torch.stack([minibatch_index(size, self.spec.n_epochs, self.spec.n_minibatches, g, self.device)
-                            for g in self.minibatch_generators])
+        return torch.stack([minibatch_index(size, self.spec.n_epochs, self.spec.n_minibatches, g, self.device,
+                                            self.spec.sequence_length) for g in self.minibatch_generators])
 
     def _finish_update(self, per_member: dict) -> dict:
         per_member["charts/learning_rate"] = self.hparams["lr"].float()
