@@ -437,10 +437,8 @@ class Agent:
             x = x.unsqueeze(0)
         recurrent = hasattr(self.policy, "state_size")
         if recurrent:
-            raw = self.raw_policy
             starts = None if episode_start is None else torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
-            action, state = self.policy.act(raw.observation(x), _state_in(state, x), starts, deterministic)
-            action = raw.action(action)
+            action, state = self.raw_policy.step(x, _state_in(state, x), starts, deterministic)
         elif deterministic:
             action = self.raw_policy(x)
         else:

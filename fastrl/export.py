@@ -12,7 +12,10 @@ time feature appended when the run used one); a Dict observation gives one input
 order fastrl packs them (``fastrl.envs.spaces.dict_layout``; TorchScript: positional, in that order), each entry
 reaching the policy as it does in training, whatever its key; MiniGrid's Dict, its ``image``. The output ``action``:
 int64 ``[B]`` (Discrete), ``[B, k]`` (MultiDiscrete, MultiBinary) or float32 ``[B, *action_shape]`` within the Box
-bounds.
+bounds. A recurrent policy (``recurrent: lstm | gru``) takes two more inputs, ``state`` float32 ``[B, S]`` (zeros to
+start; an LSTM's ``(h, c)`` side by side, as ``predict`` returns them concatenated) and ``episode_start`` bool ``[B]``
+(rows whose state is zeroed first), and gives two outputs: ``action`` and ``next_state``, the next step's ``state``
+(ONNX names are unique).
 """
 from __future__ import annotations
 
@@ -63,6 +66,13 @@ class RawPolicy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.action(self.policy.act_deterministic(self.observation(x)))
 
+    def step(self, x: torch.Tensor, state: torch.Tensor | None, episode_start: torch.Tensor | None,
+             deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """A recurrent policy's step (``RecurrentActorCritic.act``) between raw observations and the env's actions:
+        ``(action, state [B, S])`` from ``state`` (None: zeros), zeroed first where ``episode_start [B]``."""
+        action, state = self.policy.act(self.observation(x), state, episode_start, deterministic)
+        return self.action(action), state
+
     def install(self) -> None:
         self.policy.register_forward_pre_hook(self._before)
         self.policy.register_forward_hook(self._after)
@@ -85,13 +95,16 @@ class EnvInputs(nn.Module):
     def __init__(self, raw: RawPolicy, layout: tuple | None, hwc: bool, scalar: bool):
         super().__init__()
         self.raw, self.layout, self.hwc, self.scalar = raw, layout, hwc, scalar
+        self.recurrent = hasattr(raw.policy, "state_size")
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, *inputs: torch.Tensor):
+        if self.recurrent:  # the last two inputs: state [B, S] and episode_start [B] (bool)
+            inputs, (state, episode_start) = inputs[:-2], inputs[-2:]
         if self.layout is not None:
             obs = pack_observation({part.key: x for part, x in zip(self.layout, inputs)}, self.layout)
         else:
             obs = inputs[0].movedim(-1, -3) if self.hwc else inputs[0].unsqueeze(-1) if self.scalar else inputs[0]
-        return self.raw(obs)
+        return self.raw.step(obs, state, episode_start) if self.recurrent else self.raw(obs)
 
 
 def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
@@ -104,12 +117,16 @@ def exportable(agent) -> tuple[EnvInputs, dict[str, torch.Tensor]]:
         entries = {part.key: space.spaces[part.key] for part in form.layout}
         example = {key: torch.zeros(2, *sub.shape, dtype=observation_format(sub, key).dtype)
                    for key, sub in entries.items()}
-        return EnvInputs(raw, form.layout, False, False).eval(), example
-    hwc = form.hwc or form.image_key is not None
-    scalar = not hwc and getattr(space, "shape", None) == ()
-    raw_shape = (shape[1], shape[2], shape[0]) if hwc else () if scalar else shape
-    example = {form.image_key or "obs": torch.zeros(2, *raw_shape, dtype=agent.observation_dtype)}
-    return EnvInputs(raw, None, hwc, scalar).eval(), example
+        model = EnvInputs(raw, form.layout, False, False)
+    else:
+        hwc = form.hwc or form.image_key is not None
+        scalar = not hwc and getattr(space, "shape", None) == ()
+        raw_shape = (shape[1], shape[2], shape[0]) if hwc else () if scalar else shape
+        example = {form.image_key or "obs": torch.zeros(2, *raw_shape, dtype=agent.observation_dtype)}
+        model = EnvInputs(raw, None, hwc, scalar)
+    if model.recurrent:
+        example.update(state=torch.zeros(2, raw.policy.state_size), episode_start=torch.zeros(2, dtype=torch.bool))
+    return model.eval(), example
 
 
 def export_target(path: str | os.PathLike, format: str) -> Path:
@@ -142,6 +159,7 @@ def export(agent, path: str | os.PathLike, format: str = "onnx") -> Path:
             return path
         batch = torch.export.Dim("batch")
         # forward(*inputs) takes one argument, the tuple of inputs: one spec per input, in a tuple of its own
-        torch.onnx.export(model, args, str(path), input_names=list(example), output_names=["action"], dynamo=True,
+        outputs = ["action", "next_state"] if model.recurrent else ["action"]
+        torch.onnx.export(model, args, str(path), input_names=list(example), output_names=outputs, dynamo=True,
                           verbose=False, dynamic_shapes=(({0: batch},) * len(args),), external_data=False)
     return path

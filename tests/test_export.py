@@ -1,7 +1,8 @@
 """fastrl export / Agent.export: the ONNX file (run by onnxruntime) and the TorchScript file (torch.jit.load) give, on
 1,000 raw observations, the actions ``agent.predict(obs, deterministic=True)`` gives: identical discrete actions
 (CartPole, MultiDiscrete, a CNN on channels-last uint8 frames, two Dict observations) and continuous ones within
-1e-5 (Pendulum, with observation normalization and actions past the bounds, clamped); a masked policy's
+1e-5 (Pendulum, with observation normalization and actions past the bounds, clamped); an LSTM policy carries its
+state through the file; a masked policy's
 ``action_mask`` is one more input. The command end to end, its one-line errors, and its --help without torch."""
 import subprocess
 import sys
@@ -43,7 +44,8 @@ def _agent(run_dir):
     """The run's agent, its policy head's weights redrawn from N(0, 1) (seeded): large enough that discrete actions
     vary with the observation (rather than following the head's bias) and some continuous ones pass the bounds."""
     agent = fastrl.load(run_dir)
-    weight = agent.policy.policy_head.weight
+    policy = getattr(agent.policy, "base", agent.policy)  # a recurrent policy's heads sit on its base
+    weight = policy.policy_head.weight
     with torch.no_grad():
         weight.copy_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)))
     return agent
@@ -173,3 +175,39 @@ def test_a_masked_policy_takes_its_mask_as_one_more_input(tmp_path):
         path = agent.export(tmp_path / f"policy.{fmt}", format=fmt)
         inputs = {"observation": obs["observation"], "action_mask": obs["action_mask"]}  # the mask packed last
         _assert_same_actions(_run_file(path, fmt, inputs), expected, continuous=False)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_a_recurrent_policy_carries_its_state_through_the_file(tmp_path, fmt):
+    """An LSTM policy on position-only CartPole: 8 envs x 125 steps (1,000 observations) through the file, its
+    ``state`` output fed back as the next input with episode starts scattered in, give ``predict``'s actions
+    (identical) and states (within 1e-5) step by step."""
+    run_dir = fastrl.train(env="CartPoleNoVel-v1", recurrent="lstm", recurrent_size=16, run_dir=tmp_path / "run",
+                           **BRIEF).run_dir
+    agent = _agent(run_dir)
+    path = agent.export(tmp_path / f"policy.{fmt}", format=fmt)
+    rng = np.random.default_rng(0)
+    session = module = None
+    if fmt == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert [i.name for i in session.get_inputs()] == ["obs", "state", "episode_start"]
+        assert [o.name for o in session.get_outputs()] == ["action", "next_state"]
+    else:
+        module = torch.jit.load(str(path))
+    file_state = np.zeros((8, agent.policy.state_size), dtype=np.float32)
+    predict_state, differed = None, 0
+    for t in range(125):
+        obs = rng.uniform(-2, 2, size=(8, 2)).astype(np.float32)
+        starts = rng.random(8) < 0.1 if t else np.ones(8, dtype=bool)
+        expected, predict_state = agent.predict(obs, state=predict_state, episode_start=starts)
+        if session is not None:
+            got, file_state = session.run(["action", "next_state"], {"obs": obs, "state": file_state,
+                                                                "episode_start": starts})
+        else:
+            got, file_state = (x.numpy() for x in module(torch.from_numpy(obs), torch.from_numpy(file_state),
+                                                         torch.from_numpy(starts)))
+        np.testing.assert_array_equal(got, expected)
+        np.testing.assert_allclose(file_state, np.concatenate(predict_state, axis=1), rtol=0, atol=1e-5)
+        differed += int(len(set(expected.tolist())) > 1)
+    assert differed > 10  # the actions depend on the observations and the state, not on the head's bias alone
