@@ -70,15 +70,26 @@ def stop_ends_env_waits():
         _STATE["interruptible"] = False
 
 
-def install_stop_handlers(flag: dict) -> dict:
-    """SIGINT/SIGTERM/SIGHUP set ``flag["stop"]`` (and end an env wait, see the module docstring). Returns the
-    previous handlers, for ``restore_handlers``."""
-    _STATE["signal"] = None
-
+def _stop_handler(flag: dict):
     def handler(signum, _frame):
         flag["stop"] = _STATE["signal"] = signum
         if _STATE["waiting"] and _STATE["interruptible"]:
             raise StopWhileWaiting(signum)
+    return handler
+
+
+# The stop handler's code object (one for every closure ``_stop_handler`` makes): ``fastrl.run.compile.skip_guards``
+# tells dynamo never to compile it. A signal that lands inside a compiled call runs the handler's frame there, and
+# under skipped guards dynamo takes a frame it has never seen for a recompile and raises ("Recompilation triggered
+# with skip_guard_eval_unsafe stance"), ending the run instead of stopping it.
+STOP_HANDLER_CODE = _stop_handler({}).__code__
+
+
+def install_stop_handlers(flag: dict) -> dict:
+    """SIGINT/SIGTERM/SIGHUP set ``flag["stop"]`` (and end an env wait, see the module docstring). Returns the
+    previous handlers, for ``restore_handlers``."""
+    _STATE["signal"] = None
+    handler = _stop_handler(flag)
     if threading.current_thread() is not threading.main_thread():
         return {}  # Python sets handlers only in the main thread (e.g. fastrl.train called from a worker thread)
     previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}

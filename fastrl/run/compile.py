@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fastrl.errors import first_line
-from fastrl.signals import stop_requested
+from fastrl.signals import STOP_HANDLER_CODE, stop_requested
 
 # From how many gradient steps compiling the update on CPU pays for itself. The compiled step of a 64x64 MLP saves
 # about 2.8 ms of a 3.7 ms eager step at minibatch 64 (2.6 of 3.9 at 256) and compiles in about 46 s with a cold
@@ -243,4 +243,6 @@ def skip_guards(enabled: bool):
     shapes, dtypes and Python constants): the trainer enters it from its second iteration on."""
     if not (enabled and SKIP_GUARDS):
         return nullcontext()
+    from torch._dynamo.eval_frame import skip_code
+    skip_code(STOP_HANDLER_CODE)  # a stop signal inside a compiled call must run its handler, not compile it
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
