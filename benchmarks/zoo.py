@@ -106,7 +106,8 @@ ROWS = (
     ZooRow("impala/cartpole", 120_000, None, "CartPole-v1"),
     ZooRow("impala/lunarlander", 4_000_000, None, "LunarLander-v3"),  # the config's own budget
 )
-# Configs sized for a GPU (or for hours of CPU): named in the table with the reason, not trained by this script.
+# Configs sized for a GPU (or for hours of CPU), or compared elsewhere: named in the table with the reason, not trained
+# by this script.
 GPU_CONFIGS = {
     "ppo/atari": "10M steps of a Nature-CNN: a GPU run",
     "ppo/procgen": "25M steps of an IMPALA-ResNet: a GPU run",
@@ -114,6 +115,8 @@ GPU_CONFIGS = {
     "impala/atari": "a Nature-CNN learner: a GPU run",
     "ppo/bipedalwalker": "5M steps with 780k gradient steps: hours on a 2-core CPU, a GPU run",
     "ppo/humanoid": "10M steps: a GPU run",
+    "ppo/cartpole_novel_lstm": "a recurrent policy: benchmarks/recurrent.py runs it beside sb3-contrib's RecurrentPPO "
+                               "(this table times SB3's feed-forward PPO, not like for like)",
 }
 QUICK_STEPS = 20_000
 
