@@ -29,6 +29,7 @@ from torch import nn
 
 from fastrl.envs.registry import is_procgen
 from fastrl.envs.spaces import ActionSpec
+from fastrl.kernels.recurrent import lstm_sequence
 from fastrl.learn.masking import action_mask, masked_logits
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
@@ -524,30 +525,25 @@ class RecurrentActorCritic(nn.Module):
         state = self.initial_state(obs.shape[0], obs.device) if state is None else state
         b, h, core = state.shape[0], self.hidden_size, self.core
         lstm = self.kind == "lstm"
-        # The input projection of every step at once (for the LSTM with both biases: one addmm per step remains);
-        # unbind, not indexing, so that autograd gathers the steps' gradients once instead of once per step.
+        # The input projection of every step at once (for the LSTM with both biases); only the recurrence is stepped.
         bias = core.bias_ih + core.bias_hh if lstm else core.bias_ih
-        inputs = F.linear(features, core.weight_ih, bias).view(-1, b, core.weight_ih.shape[0]).unbind(0)
-        keep = [None] * len(inputs) if episode_start is None else \
-            (~episode_start.bool()).view(-1, b, 1).to(inputs[0].dtype).unbind(0)
-        hidden, cell = (state[:, :h], state[:, h:]) if lstm else (state, None)
-        weight_hh, outputs = core.weight_hh.t(), []
-        for x_t, keep_t in zip(inputs, keep):
-            if keep_t is not None:
-                hidden, cell = hidden * keep_t, (cell * keep_t if lstm else None)
-            if lstm:  # nn.LSTMCell's equations, gates (i, f, g, o)
-                gates = torch.addmm(x_t, hidden, weight_hh)
-                i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
-                cell = torch.addcmul(f * cell, i, torch.tanh(gates[:, 2 * h:3 * h]))
-                hidden = o * torch.tanh(cell)
-            else:  # nn.GRUCell's equations
-                x_r, x_z, x_n = x_t.chunk(3, dim=-1)
-                h_r, h_z, h_n = torch.addmm(core.bias_hh, hidden, weight_hh).chunk(3, dim=-1)
-                reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
-                hidden = (1 - update) * torch.tanh(x_n + reset * h_n) + update * hidden
+        inputs = F.linear(features, core.weight_ih, bias).view(-1, b, core.weight_ih.shape[0])
+        keep = None if episode_start is None else (~episode_start.bool()).view(-1, b, 1).to(inputs.dtype)
+        if lstm:
+            dtype = inputs.dtype
+            out, (hidden, cell) = lstm_sequence(inputs, state[:, :h].to(dtype), state[:, h:].to(dtype),
+                                                core.weight_hh.to(dtype), keep)
+            return out.reshape(-1, h), torch.cat([hidden, cell], dim=-1).float()
+        hidden, weight_hh, outputs = state, core.weight_hh.t(), []
+        for t, x_t in enumerate(inputs.unbind(0)):  # nn.GRUCell's equations
+            if keep is not None:
+                hidden = hidden * keep[t]
+            x_r, x_z, x_n = x_t.chunk(3, dim=-1)
+            h_r, h_z, h_n = torch.addmm(core.bias_hh, hidden, weight_hh).chunk(3, dim=-1)
+            reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+            hidden = (1 - update) * torch.tanh(x_n + reset * h_n) + update * hidden
             outputs.append(hidden)
-        state = torch.cat([hidden, cell], dim=-1) if lstm else hidden
-        return torch.cat(outputs), state.float()
+        return torch.cat(outputs), hidden.float()
 
     def get_action_and_value(self, obs: torch.Tensor, action=None, noise=None, state=None, episode_start=None):
         """``(action, logp, entropy, value, state)``: see the module docstring; ``action`` / ``noise`` as
