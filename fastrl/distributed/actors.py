@@ -172,11 +172,7 @@ class WeightBoard:
     def publish(self, agent, version: int) -> None:
         c = self.control_np
         c[SEQ] += 1  # odd: write in progress
-        offset = 0
-        for t in _flat_tensors(agent):
-            n = t.numel()
-            self.flat[offset:offset + n].copy_(t.detach().reshape(-1))
-            offset += n
+        self.flat.copy_(flat_weights(agent))
         c[VERSION] = version
         c[SEQ] += 1
 
