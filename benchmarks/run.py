@@ -28,6 +28,8 @@ import time
 import traceback
 from pathlib import Path
 
+from fastrl.errors import ArgParser, UserError
+
 # part -> [(module, extra argv), ...]
 PARTS = {
     "envs": [("benchmarks.envs_sps", [])],
@@ -42,15 +44,6 @@ PARTS = {
 }
 DEFAULT_PARTS = ("envs", "kernels", "rollout", "end-to-end", "peers", "learning")
 ALIASES = {"train_sps": "end-to-end", "end_to_end": "end-to-end", "e2e": "end-to-end"}
-
-
-class _UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line and exit 2, never a usage dump or SystemExit from inside main()
-        raise _UsageError(message)
 
 
 def _run_script(module_name: str, argv: list) -> int:
@@ -73,9 +66,9 @@ def _run_script(module_name: str, argv: list) -> int:
 
 
 def _parse(argv):
-    parser = _Parser(prog="fastrl bench", description=__doc__.splitlines()[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                     epilog="\n".join(__doc__.splitlines()[2:]))
+    parser = ArgParser(prog="fastrl bench", description=__doc__.splitlines()[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("parts", nargs="*", metavar="PART",
                         help=f"any of {', '.join(PARTS)} (default: {' '.join(DEFAULT_PARTS)})")
     parser.add_argument("--quick", action="store_true", help="each part's smoke profile (short budgets, one seed)")
@@ -90,11 +83,11 @@ def _parse(argv):
     parts = [ALIASES.get(p, p) for p in args.parts]
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
-        raise _UsageError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
+        raise UserError(f"unknown part {unknown[0]!r}; choose from {', '.join(PARTS)}")
     if args.dry_run and not args.profile:
-        raise _UsageError("--dry-run goes with --profile gpu: use fastrl bench --profile gpu --dry-run")
+        raise UserError("--dry-run goes with --profile gpu: use fastrl bench --profile gpu --dry-run")
     if args.profile and (parts or args.quick):
-        raise _UsageError(f"--profile {args.profile} runs on its own: drop the parts and --quick")
+        raise UserError(f"--profile {args.profile} runs on its own: drop the parts and --quick")
     args.parts = list(dict.fromkeys(parts or DEFAULT_PARTS))
     return args
 
@@ -102,7 +95,7 @@ def _parse(argv):
 def main(argv=None) -> int:
     try:
         args = _parse(argv)
-    except _UsageError as e:
+    except UserError as e:
         print(f"fastrl bench: error: {e}", file=sys.stderr)
         return 2
     from benchmarks import common

@@ -228,10 +228,11 @@ class Config:
                 raise UserError(f"{f.name}={brief(value)} is not one of {', '.join(choices)}")
         self._require(("n_envs", "total_steps", "n_steps", "n_epochs", "n_minibatches", "lr", "log_interval",
                        "keep_checkpoints", "eval_seeds", "clip_coef", "env_timeout_s", "rollback_patience",
-                       "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps"), "> 0")
+                       "max_nonfinite_iterations", "eval_max_episode_steps", "eval_max_steps", "frame_skip",
+                       "frame_stack", "n_seeds"), "> 0")
         self._require(("ent_coef", "vf_coef", "max_grad_norm", "target_kl", "lr_floor", "adam_eps", "torch_threads",
                        "env_threads", "checkpoint_interval", "eval_episodes", "obs_clip", "reward_clip",
-                       "eval_interval", "rollback_drop", "max_rollbacks"), ">= 0")
+                       "eval_interval", "rollback_drop", "max_rollbacks", "noop_max"), ">= 0")
         self._require(("gamma", "gae_lambda"), "in [0, 1]")
         if self.batch_size % self.n_minibatches:
             raise UserError(f"n_envs*n_steps={self.batch_size} is not divisible by n_minibatches={self.n_minibatches}; "
@@ -256,8 +257,6 @@ class Config:
         if self.algo == "a2c" and (self.n_epochs != 1 or self.n_minibatches != 1):
             raise UserError(f"a2c makes one update per rollout; set n_epochs=1 and n_minibatches=1 "
                             f"(got {self.n_epochs} and {self.n_minibatches})")
-        if self.frame_skip <= 0 or self.frame_stack <= 0 or self.noop_max < 0:
-            raise UserError("frame_skip and frame_stack must be > 0 and noop_max >= 0")
         if not 0.0 < self.rollback_lr_factor <= 1.0:
             raise UserError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
         if self.env_mode == "async" and (self.normalize_obs or self.normalize_reward):
@@ -281,8 +280,6 @@ class Config:
             raise UserError(f"lr_floor={self.lr_floor} is above lr={self.lr}; lower lr_floor")
         if self.algo in ACTOR_LEARNER_ALGOS:
             self._validate_actor_learner()
-        if self.n_seeds < 1:
-            raise UserError(f"n_seeds must be >= 1, got {self.n_seeds}")
         if (self.population_size > 1 or self.vary) and self.algo in ACTOR_LEARNER_ALGOS:
             raise UserError(f"--n-seeds/--vary (a population) do not support algo {self.algo} (its actors and learner "
                             "are processes of one agent): use --algo ppo or a2c, or run one job per seed")

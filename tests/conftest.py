@@ -55,6 +55,12 @@ def one_line_error(fn, *args, **kwargs) -> str:
     return message
 
 
+def parse_cli(argv: list[str]):
+    """The ``Config`` the command line's flags ``argv`` train with."""
+    from fastrl.cli.flags import config_from_cli
+    return config_from_cli(argv)[0]
+
+
 def train_main(args) -> int:
     """``fastrl.cli.train.main(args)``, restoring the SIGINT/SIGTERM handlers so pytest's Ctrl-C keeps working."""
     import signal

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import QUIET, one_line_error
+from conftest import QUIET, one_line_error, parse_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_LINE = re.compile(r"^\S.*: error: .+$")
@@ -226,12 +226,10 @@ def test_help_is_grouped():
     (["--progress", "0"], False), (["--no-progress", "--progress"], True), (["--progress", "--no-progress"], False),
 ])
 def test_bare_boolean_flags(argv, expected):
-    from fastrl.cli.flags import parse_cli
     assert parse_cli(argv).progress is expected
 
 
 def test_bare_boolean_does_not_swallow_the_next_flag():
-    from fastrl.cli.flags import parse_cli
     cfg = parse_cli(["--capture-video", "--seed", "7", "--no-tensorboard", "--deterministic", "--n-envs", "4"])
     assert (cfg.capture_video, cfg.seed, cfg.tensorboard, cfg.deterministic, cfg.n_envs) == (True, 7, False, True, 4)
     assert parse_cli([]).capture_video is False and parse_cli([]).plot is True
@@ -239,13 +237,11 @@ def test_bare_boolean_does_not_swallow_the_next_flag():
 
 @pytest.mark.parametrize("argv", [["128", "128"], ["128,128"], ["[128,128]"], ["[128,", "128]"], ["128,", "128"]])
 def test_list_flags_accept_spaces_commas_and_brackets(argv):
-    from fastrl.cli.flags import parse_cli
     assert parse_cli(["--hidden-sizes", *argv]).hidden_sizes == [128, 128]
 
 
 @pytest.mark.parametrize("argv", [["--hidden-sizes", "[]"], ["--hidden-sizes", "128,x"], ["--hidden-sizes", "[0]"]])
 def test_bad_list_flags_are_one_line(argv):
-    from fastrl.cli.flags import parse_cli
     message = one_line_error(parse_cli, argv)
     assert "hidden_sizes" in message
 
@@ -284,14 +280,12 @@ def test_cleanrl_spellings_that_are_ours_are_accepted(flag):
     (["--learning-rate=0.1"], "unrecognized flag --learning-rate; did you mean --lr?"),  # the --flag=value form
 ])
 def test_other_unrecognized_arguments(argv, needle):
-    from fastrl.cli.flags import parse_cli
     assert needle in one_line_error(parse_cli, argv)
 
 
 # ------------------------------------------------------------------------------------------ packaged configs
 def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
     from fastrl.defaults import config_names, configs_root
-    from fastrl.cli.flags import parse_cli
     monkeypatch.chdir(tmp_path)  # away from the repository: names must not depend on the working directory
     names = config_names()
     assert {"ppo/cartpole", "ppo/lunarlander", "a2c/cartpole", "impala/cartpole"} <= set(names)
@@ -306,7 +300,6 @@ def test_config_by_name_is_the_packaged_file(tmp_path, monkeypatch):
 
 
 def test_a_local_file_wins_over_a_config_name(tmp_path, monkeypatch):
-    from fastrl.cli.flags import parse_cli
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ppo").mkdir()
     (tmp_path / "ppo" / "lunarlander.yaml").write_text("seed: 42\n")

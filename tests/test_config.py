@@ -8,9 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import one_line_error
+from conftest import one_line_error, parse_cli
 from fastrl.cli.flags import build_parser
-from fastrl.cli.flags import parse_cli
 from fastrl.config import FIELDS, Config, UserError, algo_default, load_yaml, make_config
 from fastrl.defaults import ALGO_DEFAULTS, ALGOS, APPLIES_TO
 

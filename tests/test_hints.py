@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import fastrl
-from conftest import one_line_error
-from fastrl.cli.flags import parse_cli
+from conftest import one_line_error, parse_cli
 from fastrl.config import make_config
 from fastrl.hints import close_names, edit_distance
 

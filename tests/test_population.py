@@ -12,11 +12,10 @@ import statistics
 import numpy as np
 import pytest
 import torch
-from conftest import QUIET, one_line_error, train_main
+from conftest import QUIET, one_line_error, parse_cli, train_main
 from reference_update import reference_optimizer, reference_update
 
 import fastrl.run.compile
-from fastrl.cli.flags import parse_cli
 from fastrl.config import make_config
 from fastrl.distributed.torchrun import DistInfo
 from fastrl.envs.stats import EpisodeStats, MemberEpisodeStats
@@ -257,7 +256,7 @@ def test_member_configs_grid_order_and_seeds():
     ({"vary": "lr=abc"}, "lr: expected float"),
     ({"n_seeds": 2, "algo": "impala"}, "algo impala"),
     ({"vary": "lr=1e-3,3e-4", "algo": "appo"}, "algo appo"),
-    ({"n_seeds": 0}, "n_seeds must be >= 1"),
+    ({"n_seeds": 0}, "n_seeds must be > 0"),
     ({"vary": "lr=1e-3,1e-9", "lr_floor": 1e-5}, "member 1"),
 ])
 def test_bad_population_settings_are_one_line(overrides, expected):

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import QUIET, one_line_error, train_main
+from conftest import QUIET, one_line_error, parse_cli, train_main
 
 from fastrl.config import make_config
 
@@ -45,7 +45,6 @@ def test_a_bad_space_entry_is_one_line(space, expected):
 
 def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path):
     """YAML 1.1 reads 1e-4 and 1.5e6 (no dot) as strings: the space, the config file and the flags take them."""
-    from fastrl.cli.flags import parse_cli
     from fastrl.cli.tune import load_space
     (tmp_path / "space.yaml").write_text("lr: {type: loguniform, low: 1e-5, high: 3e-4}\n"
                                          "n_steps: {type: int, low: 1e1, high: 1.5e2}\n"

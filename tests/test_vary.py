@@ -7,9 +7,8 @@ import statistics
 import pytest
 import torch
 import yaml
-from conftest import QUIET, one_line_error, train_main
+from conftest import QUIET, one_line_error, parse_cli, train_main
 
-from fastrl.cli.flags import parse_cli
 from fastrl.config import make_config
 from fastrl.defaults import SHAPE_KEYS, VARY_KEYS
 from fastrl.run.population import member_configs

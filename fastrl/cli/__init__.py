@@ -3,11 +3,10 @@
 ``--help`` answers at once."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from fastrl.config import UserError
+from fastrl.errors import ArgParser, UserError
 
 USAGE = """usage: fastrl {train,tune,eval,export,plot,bench} ... | fastrl --version
 
@@ -23,14 +22,9 @@ USAGE = """usage: fastrl {train,tune,eval,export,plot,bench} ... | fastrl --vers
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(message)
-
-
 def eval_main(argv: list[str]) -> int:
-    parser = _Parser(prog="fastrl eval", description="Evaluate a checkpoint's policy on fresh envs (its mode, or "
-                                                     "sampled actions with --stochastic), within step caps.")
+    parser = ArgParser(prog="fastrl eval", description="Evaluate a checkpoint's policy on fresh envs (its mode, or "
+                                                       "sampled actions with --stochastic), within step caps.")
     parser.add_argument("checkpoint", help="checkpoint file or run directory (its newest checkpoint)")
     parser.add_argument("--episodes", type=int, default=10, help="episodes per seed (default 10)")
     parser.add_argument("--seeds", type=int, default=3, help="number of eval seeds (default 3)")
@@ -93,10 +87,10 @@ def eval_main(argv: list[str]) -> int:
 
 
 def export_main(argv: list[str]) -> int:
-    parser = _Parser(prog="fastrl export", description="Write a run's deterministic policy of raw observations (its "
-                     "observation normalizer, pixel scaling and action clamping inside) for onnxruntime or libtorch "
-                     "alone: what fastrl.load(RUN).predict(obs, deterministic=True) gives. Inputs: obs (a Dict "
-                     "observation: one per key), batch first; output: action.")
+    parser = ArgParser(prog="fastrl export", description="Write a run's deterministic policy of raw observations (its "
+                       "observation normalizer, pixel scaling and action clamping inside) for onnxruntime or libtorch "
+                       "alone: what fastrl.load(RUN).predict(obs, deterministic=True) gives. Inputs: obs (a Dict "
+                       "observation: one per key), batch first; output: action.")
     parser.add_argument("run", help="run directory (its newest checkpoint) or checkpoint file")
     parser.add_argument("--format", default="onnx", metavar="onnx|torchscript",
                         help="onnx (default; pip install 'fastrl[export]') or torchscript (torch.jit.load runs it)")

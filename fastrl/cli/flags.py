@@ -86,8 +86,3 @@ def config_from_cli(argv: list[str] | None = None, prog: str = "fastrl train") -
     """The command line's door: ``build_config`` of the flags and ``--config``."""
     overrides, yaml_path = parse_cli_overrides(argv, prog)
     return build_config(overrides, yaml_path, where="command-line flags")
-
-
-def parse_cli(argv: list[str] | None = None, prog: str = "fastrl train") -> Config:
-    """The ``Config`` these flags train with (``config_from_cli`` without the checkpoint state)."""
-    return config_from_cli(argv, prog)[0]

@@ -465,11 +465,10 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         if retry:
             print(f"fastrl tune: {len(retry)} trial(s) a stopped process left unfinished run again first",
                   file=sys.stderr)
-        pruner = (optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials) if settings.pruner == "median"
-                  else optuna.pruners.NopPruner())
+        study.pruner = (optuna.pruners.MedianPruner(n_startup_trials=settings.startup_trials)
+                        if settings.pruner == "median" else optuna.pruners.NopPruner())
         study.sampler = optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials, constant_liar=True,
                                                    seed=base.seed + len(study.trials))
-        study.pruner = pruner
         while (done := len(finished_trials(study))) < settings.trials:
             batch = ask_batch(study, params, min(settings.batch, settings.trials - done), retry)
             if os.environ.get("FASTRL_TUNE_TEST_KILL_AT") == str(done):  # test hook: die with this batch RUNNING

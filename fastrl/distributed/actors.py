@@ -73,7 +73,19 @@ ENV_ERROR_EXIT = 87  # an actor whose env failed exits with this, its error in A
 
 
 # ---------------------------------------------------------------------------------------------- slots
-class SlotRing:
+class _NumpyViews:
+    """Keeps ``*_np`` numpy views of its shared tensors (``_np()`` makes them): pickled without them, a spawned actor
+    makes its own."""
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._np()
+
+
+class SlotRing(_NumpyViews):
     """``n_slots`` preallocated ``[T, N]`` rollouts in shared memory and their per-slot bookkeeping.
 
     ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer``;
@@ -103,13 +115,6 @@ class SlotRing:
 
     def _np(self):
         self.state_np, self.version_np, self.time_np = self.state.numpy(), self.version.numpy(), self.full_time.numpy()
-
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if not k.endswith("_np")}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._np()
 
     def owned(self, actor_id: int) -> range:
         return range(actor_id * self.per_actor, (actor_id + 1) * self.per_actor)
@@ -150,7 +155,7 @@ def _flat_tensors(agent) -> list:
     return list(agent.parameters()) + [b for b in agent.buffers() if b.is_floating_point()]
 
 
-class WeightBoard:
+class WeightBoard(_NumpyViews):
     """The learner's latest weights as one flat float32 shared tensor behind a single-writer seqlock."""
 
     def __init__(self, agent):
@@ -162,21 +167,10 @@ class WeightBoard:
     def _np(self):
         self.control_np = self.control.numpy()
 
-    def __getstate__(self):
-        return {"flat": self.flat, "control": self.control}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._np()
-
     def publish(self, agent, version: int) -> None:
         c = self.control_np
         c[SEQ] += 1  # odd: write in progress
-        offset = 0
-        for t in _flat_tensors(agent):
-            n = t.numel()
-            self.flat[offset:offset + n].copy_(t.detach().reshape(-1))
-            offset += n
+        self.flat.copy_(flat_weights(agent))
         c[VERSION] = version
         c[SEQ] += 1
 

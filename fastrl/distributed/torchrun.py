@@ -72,17 +72,17 @@ def cleanup(finished: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def all_reduce_(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` over the ranks, in place (nothing without a process group)."""
     if dist.is_initialized():
-        dist.all_reduce(tensor, op=op)
-    return tensor
+        dist.all_reduce(tensor)
 
 
-def broadcast_module_(module: torch.nn.Module, src: int = 0) -> None:
-    """Make every rank start from rank ``src``'s parameters and buffers."""
+def broadcast_module_(module: torch.nn.Module) -> None:
+    """Make every rank start from rank 0's parameters and buffers."""
     if dist.is_initialized():
         for tensor in list(module.parameters()) + list(module.buffers()):
-            dist.broadcast(tensor.data, src)
+            dist.broadcast(tensor.data, 0)
 
 
 def rank_mean():
@@ -97,12 +97,12 @@ def rank_mean():
     return mean
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank ``src``'s picklable ``obj`` on every rank (identity without a process group)."""
+def broadcast_object(obj):
+    """Rank 0's picklable ``obj`` on every rank (identity without a process group)."""
     if not dist.is_initialized():
         return obj
     holder = [obj]
-    dist.broadcast_object_list(holder, src)
+    dist.broadcast_object_list(holder, 0)
     return holder[0]
 
 

@@ -240,7 +240,6 @@ class BatchedEnv:
             self._low = torch.tensor(self.action_spec.low, dtype=torch.float32).view(self.action_spec.shape)
             self._high = torch.tensor(self.action_spec.high, dtype=torch.float32).view(self.action_spec.shape)
             self._np_action_dtype = np.float32 if self.backend == "envpool" else act_space.dtype
-        self._reset_once = False
         self._time_limit = self._time_feature_limit(env_id, lookup_id, factory, obs_space, env_kwargs) \
             if time_feature else 0
         if self._time_limit:
@@ -367,7 +366,6 @@ class NormalizedEnv:
         self.return_stats = MemberRunningMeanStd(self.n_members)
         self.member_gamma = torch.tensor(self.gammas, dtype=torch.float64).unsqueeze(1)  # [K, 1]
         self.discounted_return = torch.zeros(env.n_envs, dtype=torch.float64)
-        self.member_envs = env.n_envs // self.n_members
         self.steps = 0  # steps of the batch since it was built (each env's step count)
 
     def __getattr__(self, name):

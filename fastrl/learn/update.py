@@ -489,11 +489,17 @@ class Update:
             new_params, new_state, part, active = self.steps(params, opt_state, inputs,
                                                              None if index is None else index[j:j + 1], hparams,
                                                              active, epoch_ends[j:j + 1])
-            params.copy_(new_params)
-            for key, value in new_state.items():
-                opt_state[key].copy_(value)
+            copy_weights(params, opt_state, new_params, new_state)
             sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
         return {**finish_metrics(sums), **stats}
+
+
+def copy_weights(params, opt_state: dict, new_params, new_state: dict, member=...) -> None:
+    """Write ``new_params`` and ``new_state`` into ``params`` and ``opt_state`` in place: all of them, or ``member``'s
+    rows only (its index on the leading member axis)."""
+    params[member].copy_(new_params)
+    for key, value in new_state.items():
+        opt_state[key][member].copy_(value)
 
 
 def members_call(k: int, fn, in_dims=0):

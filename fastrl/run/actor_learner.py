@@ -18,7 +18,7 @@ from fastrl.learn.models import make_agent
 from fastrl.learn.optim import annealed_lr, load_optimizer_state_dict, optimizer_state_dict
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout
-from fastrl.learn.update import Update, UpdateSpec, learner_minibatch_index, member_hparams
+from fastrl.learn.update import Update, UpdateSpec, copy_weights, learner_minibatch_index, member_hparams
 from fastrl.run.checkpoint import load_trainer_state, trainer_state
 from fastrl.run.loop import TrainerDefaults
 
@@ -278,9 +278,7 @@ class ActorLearnerTrainer(TrainerDefaults):
 
     def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
         """Return to ``state``, scale the LR, restart the episode window and hand the weights to the actors."""
-        self.params[0].copy_(state["params"])
-        for key, value in state["opt_state"].items():
-            self.opt_state[key][0].copy_(value)
+        copy_weights(self.params, self.opt_state, state["params"], state["opt_state"], 0)
         self.lr_scale *= lr_factor
         self.episodes.restart_window()
         self.publish()

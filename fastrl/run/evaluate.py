@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fastrl.envs.batched import make_env
+from fastrl.errors import first_line
 
 VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
 PROGRESS_EVERY_S = 5.0  # a labelled evaluation prints a progress line this often
@@ -213,7 +214,7 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
         try:
             env = gymnasium.make(cfg.env, render_mode="rgb_array")
         except (gymnasium.error.Error, ImportError, TypeError) as e:
-            return _skip_video(f"Gymnasium could not build {cfg.env} to render it: {str(e).splitlines()[0]}")
+            return _skip_video(f"Gymnasium could not build {cfg.env} to render it: {first_line(e, '?')}")
         if "rgb_array" not in env.metadata.get("render_modes", []):
             return _skip_video(f"{cfg.env} cannot render rgb_array frames")
         space = env.action_space
@@ -225,7 +226,7 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
             try:
                 frame = env.render()
             except Exception as e:  # noqa: BLE001  (pygame missing, no GL context for MuJoCo, ...)
-                return _skip_video(f"{cfg.env} cannot render: {type(e).__name__}: {(str(e) or '?').splitlines()[0]}")
+                return _skip_video(f"{cfg.env} cannot render: {type(e).__name__}: {first_line(e, '?')}")
             video_dir.mkdir(parents=True, exist_ok=True)
             path = video_dir / f"episode_{i}.mp4"
             writer = imageio.get_writer(path, fps=fps, macro_block_size=2)
@@ -247,7 +248,7 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
             except RuntimeError as e:  # e.g. a Gymnasium twin whose observations differ from the training env's
                 writer.close()
                 path.unlink(missing_ok=True)
-                return _skip_video(f"the policy could not play Gymnasium's {cfg.env}: {str(e).splitlines()[0]}")
+                return _skip_video(f"the policy could not play Gymnasium's {cfg.env}: {first_line(e, '?')}")
             finally:
                 writer.close()  # idempotent
             written.append(path)

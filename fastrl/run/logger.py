@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from fastrl.errors import first_line
 
 
 def _plain(value):
@@ -37,10 +38,6 @@ def _wait_for_a_later_event_file_name(tb_dir: Path) -> None:
     stamps = [int(p.name.split(".")[3]) for p in tb_dir.glob("events.out.tfevents.*") if p.name.split(".")[3].isdigit()]
     while stamps and int(time.time()) <= max(stamps):
         time.sleep(0.02)
-
-
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {(str(error).strip() or '?').splitlines()[0]}"
 
 
 class BackgroundSink:
@@ -64,7 +61,8 @@ class BackgroundSink:
 
     def _warn(self, what: str, error: BaseException) -> None:
         self.failed = True
-        print(f"fastrl: warning: {self.name} {what} ({_first_line(error)}); the run goes on without it", file=sys.stderr)
+        print(f"fastrl: warning: {self.name} {what} ({type(error).__name__}: {first_line(error, '?')}); the run goes "
+              "on without it", file=sys.stderr)
 
     def _run(self) -> None:
         writer = None
@@ -320,8 +318,8 @@ class SinkProcess:
             self._child.stdin.write(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
             self._child.stdin.flush()
         except OSError as e:  # the child died (killed by hand): the run goes on without its sinks
-            print(f"fastrl: warning: the logging process ended ({_first_line(e)}); the run goes on without "
-                  "TensorBoard and wandb", file=sys.stderr)
+            print(f"fastrl: warning: the logging process ended ({type(e).__name__}: {first_line(e, '?')}); the run "
+                  "goes on without TensorBoard and wandb", file=sys.stderr)
             self._close_pipe()
 
     def _close_pipe(self) -> None:

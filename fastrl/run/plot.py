@@ -113,7 +113,7 @@ def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) 
     return color_index, drew_eval
 
 
-def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = None):
+def learning_curve_figure(run_dirs: list[str | Path]):
     """The matplotlib Figure (on an Agg canvas) of ``run_dirs``' learning curves: per env, one row of panels
     ``[by steps, by wall]`` (runs of different envs never share axes).
 
@@ -127,9 +127,8 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
     rows = [read_rows(p) for p in run_dirs]
     data = [curves([row for row in run_rows if "member" not in row]) for run_rows in rows]
     bands = [member_bands(run_rows) for run_rows in rows]
-    if not names:  # each run's directory name; their paths where two share one (a/run and b/run)
-        names = [p.name for p in run_dirs]
-        names = [str(p) for p in run_dirs] if len(set(names)) < len(names) else names
+    names = [p.name for p in run_dirs]  # each run's directory name; their paths where two share one (a/run and b/run)
+    names = [str(p) for p in run_dirs] if len(set(names)) < len(names) else names
     colors = [f"C{i % 10}" for i in range(len(run_dirs))]
     groups: dict = {}
     for i, run_dir in enumerate(run_dirs):
@@ -159,7 +158,7 @@ def learning_curve_figure(run_dirs: list[str | Path], names: list[str] | None = 
     return fig
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, names: list[str] | None = None) -> Path:
+def plot_runs(run_dirs: list[str | Path], out: str | Path) -> Path:
     """Write the learning curves of ``run_dirs`` to the PNG ``out``. Returns its path.
 
     ``out`` an existing directory: ``out/learning_curves.png``; without an extension: ``out.png``. Raises UserError
@@ -171,7 +170,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, names: list[str] | No
         out = out / "learning_curves.png"
     elif not out.suffix:
         out = out.with_name(out.name + ".png")
-    fig = learning_curve_figure(run_dirs, names)
+    fig = learning_curve_figure(run_dirs)
     formats = fig.canvas.get_supported_filetypes()
     if out.suffix[1:].lower() not in formats:
         raise UserError(f"cannot write a plot to {brief(str(out))}: unsupported extension {brief(out.suffix)}; use "

@@ -43,7 +43,7 @@ from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_s
 from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
-from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, epoch_end_mask, finish_metrics,
+from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, copy_weights, epoch_end_mask, finish_metrics,
                                  hand_gradient_applies, initial_opt_state, minibatch_index)
 from fastrl.run.allocator import keep_freed_memory
 from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
@@ -211,9 +211,7 @@ class Trainer:
             draws["minibatch_index"] = self._minibatch_indices(t * n)
         draws = {key: value.to(device, non_blocking=True) for key, value in draws.items()}
         new_state, metrics = self.iteration_call(state, self.hparams, draws)
-        self.params.copy_(new_state["params"])
-        for key, value in new_state["opt_state"].items():
-            self.opt_state[key].copy_(value)
+        copy_weights(self.params, self.opt_state, new_state["params"], new_state["opt_state"])
         for key, value in live.items():
             value.copy_(new_state[key].reshape(value.shape))
         rollout = {key: value.transpose(0, 1).reshape(t, k * n, *value.shape[3:]).cpu()
@@ -345,9 +343,7 @@ class Trainer:
             in_dims = (0, 0, 0, None if index is None else 0, 0, 0)
             new_params, new_state, sums, active = vmap(one_member, in_dims=in_dims)(params, opt_state, batch, index,
                                                                                      hparams, active)
-        params.copy_(new_params)
-        for key, value in new_state.items():
-            opt_state[key].copy_(value)
+        copy_weights(params, opt_state, new_params, new_state)
         return sums, active
 
     def update(self) -> dict:
@@ -538,7 +534,7 @@ class Trainer:
             for key, value in saved["loss_scale"].items():
                 self.opt_state[key][m].copy_(value)
         self.lr_scales[m] = float(saved.get("lr_scale", 1.0))
-        self.load_normalizer_state(m, saved["normalizer"])
+        self.env.load_state_dict(saved["normalizer"], m)
         self.member_stats(m).load_state_dict(saved["episode_stats"])
         rng = saved["rng"]
         if m == 0:
@@ -555,10 +551,8 @@ class Trainer:
 
     def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
         """Return member m to ``state`` (see weights_state), scale its LR and restart its episode-return window."""
-        self.params[m].copy_(state["params"])
-        for key, value in state["opt_state"].items():
-            self.opt_state[key][m].copy_(value)
-        self.load_normalizer_state(m, state["normalizer"])
+        copy_weights(self.params, self.opt_state, state["params"], state["opt_state"], m)
+        self.env.load_state_dict(state["normalizer"], m)
         self.lr_scales[m] *= lr_factor
         self.member_stats(m).restart_window()
 
@@ -568,13 +562,7 @@ class Trainer:
 
     def normalizer_state(self, m: int = 0) -> dict:
         """Member m's observation/reward normalizer statistics (for its evaluation envs)."""
-        return self.env.state_dict(m) if self.n_members > 1 else self.env.state_dict()
-
-    def load_normalizer_state(self, m: int, state: dict) -> None:
-        if self.n_members > 1:
-            self.env.load_state_dict(state, m)
-        else:
-            self.env.load_state_dict(state)
+        return self.env.state_dict(m)
 
     def summary_extras(self) -> dict:
         out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
