@@ -132,12 +132,17 @@ def _where_an_interrupt_must_wait(frame) -> bool:
       ignored in ...") and drops it;
     - inside an import, the module's body may be running under an extension's C++ initializer that cannot pass an
       exception on: ``torch.distributed`` calls ``torch._C._c10d_init()``, and an interrupt raised there ends the
-      process in ``std::terminate`` (SIGABRT, a page of C++ and Python frames) instead of exit 130."""
+      process in ``std::terminate`` (SIGABRT, a page of C++ and Python frames) instead of exit 130;
+    - inside EnvPool's Python layer, a thin wrapper over its C++ core: an interrupt raised there (seen in the env
+      probe reading ``observation_space``) aborted the process (SIGABRT, no message)."""
     import gc
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    envpool = getattr(sys.modules.get("envpool"), "__file__", None)
+    native = (os.path.dirname(envpool),) if envpool else ()
     while frame is not None:
         code = frame.f_code
-        if code in callbacks or code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib"):
+        if (code in callbacks or code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib")
+                or code.co_filename.startswith(native)):
             return True
         frame = frame.f_back
     return False

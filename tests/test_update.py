@@ -230,7 +230,7 @@ def test_fp16_loss_scaling_math_keeps_the_update_and_halves_on_overflow():
 
 
 def test_compiled_update_equals_eager(monkeypatch):
-    cfg, agent = _setup()
+    cfg, agent = _setup(n_epochs=2, n_minibatches=2)  # each step is unrolled in the graph: few keep the compile short
     batch = _batch(cfg, agent)
     layout, update, eager, _, _ = _pure(cfg, agent, batch)
     params = layout.flatten(agent)
@@ -335,7 +335,7 @@ def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
     numbers in metrics.jsonl and the same plan in summary.json."""
     cache = tmp_path / "cache"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "WANDB_MODE": "disabled"}
-    args = ["--total-steps", "1024", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1", "--n-minibatches", "2",
+    args = ["--total-steps", "256", "--n-envs", "4", "--n-steps", "16", "--n-epochs", "1", "--n-minibatches", "1",
             "--hidden-sizes", "16", "16", "--compile", "default", "--eval-episodes", "0", "--no-progress",
             "--tensorboard", "false", "--wandb", "disabled", "--plot", "false", "--log-interval", "1", "--seed", "4"]
     rows = []
