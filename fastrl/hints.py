@@ -8,9 +8,10 @@ of fastrl: the config, the CLI and fastrl tune all read it.
 from __future__ import annotations
 
 _MINIBATCH = "--n-minibatches (the minibatch size is n_envs * n_steps / n_minibatches)"
-_NO_RECURRENT = ("fastrl has no recurrent (LSTM) policy yet: its policies see the current observation (Atari's "
-                 "frame_stack stacks the last frames)")
-_NO_MASKING = "fastrl has no invalid-action masking (MaskablePPO's use_masking) yet"
+_RECURRENT = "--recurrent lstm (or gru) with algo ppo or a2c; --recurrent-size sets the width"
+_ONE_LSTM = "fastrl's recurrent policy is one LSTM (or GRU) layer that actor and critic share: --recurrent lstm"
+_MASKING = ("no flag: an observation Dict's action_mask key or the env's action_masks() method masks the policy "
+            "(algo ppo or a2c)")
 _CALLBACKS = "callbacks= (an argument of fastrl.train and Agent.learn: a list of callables (metrics, run) -> bool)"
 
 # Another library's name (lower case, words joined by "-") -> what fastrl calls it: a flag ("--lr", "--device cuda",
@@ -34,8 +35,8 @@ ALIASES = {
                       "pi_sizes and vf_sizes), activation_fn -> activation, log_std_init -> init_log_std, ortho_init, "
                       "share_features_extractor -> shared_trunk"),
     "share-features-extractor": "--shared-trunk",
-    "lstm-hidden-size": _NO_RECURRENT, "n-lstm-layers": _NO_RECURRENT, "shared-lstm": _NO_RECURRENT,
-    "enable-critic-lstm": _NO_RECURRENT, "use-masking": _NO_MASKING,
+    "lstm-hidden-size": "--recurrent-size (with --recurrent lstm)", "n-lstm-layers": _ONE_LSTM,
+    "shared-lstm": _ONE_LSTM, "enable-critic-lstm": _ONE_LSTM, "use-masking": _MASKING,
     "n-eval-episodes": "--eval-episodes", "eval-freq": "--eval-interval", "n-eval-envs": "--eval-seeds",
     "save-freq": "--checkpoint-interval", "verbose": "--quiet (or --progress false)",
     "tensorboard-log": "--tensorboard (the events go to run_dir/tb)",
@@ -53,8 +54,8 @@ POLICY_NAMES = {
     "MlpPolicy": "the built-in MLP actor-critic is the default: drop policy (--hidden-sizes sets its widths)",
     "CnnPolicy": "image observations get a CNN by default (encoder auto, or --encoder nature_cnn): drop policy",
     "MultiInputPolicy": "Dict observations get the built-in multi-input model by default: drop policy",
-    "MlpLstmPolicy": _NO_RECURRENT, "CnnLstmPolicy": _NO_RECURRENT, "MultiInputLstmPolicy": _NO_RECURRENT,
-    "RecurrentPPO": _NO_RECURRENT, "MaskablePPO": _NO_MASKING,
+    "MlpLstmPolicy": _RECURRENT, "CnnLstmPolicy": _RECURRENT, "MultiInputLstmPolicy": _RECURRENT,
+    "RecurrentPPO": _RECURRENT, "MaskablePPO": _MASKING,
 }
 _SB3_MODULES = ("stable_baselines3", "sb3_contrib")
 

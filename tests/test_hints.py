@@ -30,8 +30,9 @@ def test_edit_distance_and_close_names():
     ("callback", "did you mean callbacks="),
     ("policy_kwargs", "net_arch -> hidden_sizes"),
     ("net_arch", "did you mean hidden_sizes"),
-    ("lstm_hidden_size", "no recurrent (LSTM) policy"),
-    ("use_masking", "no invalid-action masking"),
+    ("lstm_hidden_size", "did you mean recurrent_size (with --recurrent lstm)?"),
+    ("enable_critic_lstm", "actor and critic share: --recurrent lstm"),
+    ("use_masking", "action_mask key or the env's action_masks() method"),
     ("learning_rate", "did you mean lr?"),
     ("n_trials", "did you mean trials (fastrl tune)?"),
     ("activation_fn", "did you mean activation?"),
@@ -56,8 +57,9 @@ def test_sb3_spellings_fastrl_shares_are_keys():
     (["--net-arch", "64"], "did you mean --hidden-sizes"),
     (["--n-trials", "4"], "did you mean --trials (fastrl tune)?"),
     (["--policy-kwargs", "x"], "net_arch -> hidden_sizes"),
-    (["--lstm-hidden-size", "64"], "no recurrent (LSTM) policy"),
-    (["--policy", "MlpLstmPolicy"], "no recurrent (LSTM) policy"),
+    (["--lstm-hidden-size", "64"], "did you mean --recurrent-size (with --recurrent lstm)?"),
+    (["--policy", "MlpLstmPolicy"], "--recurrent lstm (or gru)"),
+    (["--policy", "sb3_contrib:MaskablePPO"], "action_mask key"),
     (["--policy", "MlpPolicy"], "the default: drop policy"),
     (["--policy", "stable_baselines3.ppo:MlpPolicy"], "the default: drop policy"),
     (["--policy", "stable_baselines3.common.policies:ActorCriticPolicy"], "not a Stable-Baselines3 class"),
@@ -82,13 +84,13 @@ def test_tune_offers_its_own_flags(tmp_path, capsys):
         assert err.count("\n") == 1 and "did you mean --trials" in err and "env-threads" not in err, err
 
 
-def test_recurrent_ppo_as_policy_is_one_line_and_leaves_no_run_dir(tmp_path):
+def test_recurrent_ppo_as_policy_is_one_line_naming_the_flag_and_leaves_no_run_dir(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     proc = subprocess.run([sys.executable, "-m", "fastrl", "train", "--policy", "sb3_contrib:RecurrentPPO",
                            "--run-dir", str(tmp_path / "run"), "--total-steps", "64"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and "no recurrent (LSTM) policy" in lines[0], proc.stderr[-2000:]
+    assert proc.returncode == 2 and len(lines) == 1 and "--recurrent lstm" in lines[0], proc.stderr[-2000:]
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
 
 
