@@ -1,17 +1,20 @@
 """Does fastrl's recurrent PPO solve position-only CartPole, and at what cost beside sb3-contrib's RecurrentPPO?
 
 CartPoleNoVel-v1 (CartPole-v1 observed as [x, theta]: no velocities, so a policy without memory cannot tell which way
-the pole moves). Per seed, in one process, the order alternating from seed to seed:
+the pole moves). In one process, one contender after another:
 
 - ``fastrl[lstm]``: ``configs/ppo/cartpole_novel_lstm.yaml`` (``--recurrent``, default lstm), ``--steps`` each
-  (default 300k; target: deterministic evaluation >= 475);
+  (default 300k; target: deterministic evaluation >= 475), every seed in one population call (``n_seeds``, as
+  ``--n-seeds 3`` on the command line), so its wall seconds are those of all seeds together; it stops once every
+  member's last-100-episode training mean reaches ``--stop-at-return`` (default 475) or at ``--steps``;
 - ``fastrl[none]``: the same config with ``recurrent: none`` (the baseline without memory);
 - ``sb3-contrib``: ``RecurrentPPO("MlpLstmPolicy")`` at the RL Zoo's CartPoleNoVel-v1 settings (``ZOO_PPO_LSTM``, from
-  hyperparams/ppo_lstm.yml), ``--sb3-steps`` each (default 100k, the zoo's budget).
+  hyperparams/ppo_lstm.yml), ``--sb3-steps`` each (default 100k, the zoo's budget, no early stop), one run per
+  seed (``--sb3-seeds`` of them).
 
 Figures per contender: the median over seeds of the deterministic evaluation's mean return (``--eval-episodes`` fresh
-episodes per seed; VecNormalize's statistics frozen for SB3, the run's normalizer for fastrl) and of training wall
-seconds. JSON to ``--out`` only.
+episodes per seed; VecNormalize's statistics frozen for SB3, the run's normalizer for fastrl) and of wall seconds
+(fastrl: the one call, start-up and evaluation included; sb3-contrib: one run's ``learn``). JSON to ``--out`` only.
 
     python -m benchmarks.recurrent --n-seeds 3 --out /tmp/recurrent.json
 """
@@ -35,16 +38,24 @@ ZOO_PPO_LSTM = dict(n_envs=8, n_timesteps=100_000, n_steps=32, batch_size=256, g
                                        enable_critic_lstm=True, net_arch=dict(pi=[64], vf=[64])))
 
 
-def run_fastrl(recurrent: str, seed: int, steps: int, eval_episodes: int, compile_mode: str) -> dict:
+def run_fastrl(recurrent: str, seeds: list, steps: int, eval_episodes: int, compile_mode: str,
+               stop_at_return: float) -> list:
+    """One ``fastrl.train`` call training ``seeds`` as a population (``n_seeds``, seeds ``seeds[0]`` on): a row per
+    member, each with the call's wall seconds (the members train together) and the steps it took."""
     import fastrl
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        run = fastrl.train(config=str(CONFIG), recurrent=recurrent, seed=seed, total_steps=steps, compile=compile_mode,
-                           eval_episodes=eval_episodes, run_dir=str(Path(tmp) / "run"), wandb="disabled",
-                           tensorboard=False, plot=False, progress=False, quiet=True)
+        run = fastrl.train(config=str(CONFIG), recurrent=recurrent, seed=seeds[0], n_seeds=len(seeds),
+                           total_steps=steps, compile=compile_mode, eval_episodes=eval_episodes,
+                           stop_at_return=stop_at_return,
+                           run_dir=str(Path(tmp) / "run"), wandb="disabled", tensorboard=False, plot=False,
+                           progress=False, quiet=True)
         wall = time.perf_counter() - start
-    return {"seed": seed, "eval_return": float(run.summary["eval_return_mean"]), "wall_s": wall,
-            "train_wall_s": float(run.summary["wall_time_s"]), "steps": int(run.summary["total_steps"])}
+    members = run.summary["members"] if len(seeds) > 1 else [run.summary]
+    assert len(members) == len(seeds), run.summary
+    return [{"seed": seed, "eval_return": float(member["eval_return_mean"]), "wall_s": wall,
+             "train_wall_s": float(run.summary["wall_time_s"]), "steps": int(run.summary["total_steps"]) // len(seeds)}
+            for seed, member in zip(seeds, members)]
 
 
 def run_sb3_contrib(seed: int, steps: int, eval_episodes: int) -> dict:
@@ -90,23 +101,28 @@ def main(argv=None) -> dict:
     parser.add_argument("--n-seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300_000, help="fastrl's env steps per seed")
     parser.add_argument("--sb3-steps", type=int, default=ZOO_PPO_LSTM["n_timesteps"], help="sb3-contrib's per seed")
+    parser.add_argument("--sb3-seeds", type=int, default=None, help="sb3-contrib's runs (default: --n-seeds)")
+    parser.add_argument("--stop-at-return", type=float, default=TARGET,
+                        help="fastrl's stop rule: end once every member's last-100-episode training mean reaches it "
+                             "(0: the whole --steps)")
     parser.add_argument("--eval-episodes", type=int, default=20)
     parser.add_argument("--compile", default="off", help="fastrl's compile mode (off: no compile time in the figures)")
     parser.add_argument("--libs", default="fastrl[lstm],fastrl[none],sb3-contrib", help="comma-separated contenders")
     args = parser.parse_args(argv)
-    contenders = {
-        "fastrl[lstm]": lambda s: run_fastrl(args.recurrent, s, args.steps, args.eval_episodes, args.compile),
-        "fastrl[none]": lambda s: run_fastrl("none", s, args.steps, args.eval_episodes, args.compile),
-        "sb3-contrib": lambda s: run_sb3_contrib(s, args.sb3_steps, args.eval_episodes),
+    seeds = list(range(1, args.n_seeds + 1))
+    contenders = {  # fastrl: all seeds in one population call; sb3-contrib: one run per seed
+        "fastrl[lstm]": lambda: run_fastrl(args.recurrent, seeds, args.steps, args.eval_episodes, args.compile,
+                                           args.stop_at_return),
+        "fastrl[none]": lambda: run_fastrl("none", seeds, args.steps, args.eval_episodes, args.compile,
+                                           args.stop_at_return),
+        "sb3-contrib": lambda: [run_sb3_contrib(s, args.sb3_steps, args.eval_episodes)
+                                for s in seeds[:args.sb3_seeds or args.n_seeds]],
     }
     names = [name for name in args.libs.split(",") if name]
     unknown = sorted(set(names) - set(contenders))
     if unknown:
         parser.error(f"unknown --libs {unknown}; choose from {sorted(contenders)}")
-    runs = {name: [] for name in names}
-    for seed in range(1, args.n_seeds + 1):
-        for name in (names if seed % 2 else names[::-1]):
-            runs[name].append(contenders[name](seed))
+    runs = {name: contenders[name]() for name in names}
     report = {"question": __doc__.splitlines()[0], "env": ENV_ID, "target": TARGET, "args": vars(args),
               "config": CONFIG.read_text(), "zoo_ppo_lstm": ZOO_PPO_LSTM, "machine": machine_info(),
               "versions": {lib: package_version(lib) for lib in ("sb3-contrib", "stable-baselines3", "envpool")},

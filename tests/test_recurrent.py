@@ -232,8 +232,10 @@ def test_benchmark_runs_tiny_and_writes_its_json(tmp_path):
 
     from benchmarks.recurrent import main
     out = tmp_path / "recurrent.json"
-    main(["--n-seeds", "1", "--steps", "512", "--eval-episodes", "1", "--libs", "fastrl[lstm],fastrl[none]",
+    main(["--n-seeds", "2", "--steps", "512", "--eval-episodes", "1", "--libs", "fastrl[lstm],fastrl[none]",
           "--out", str(out)])
     results = json.loads(out.read_text())["results"]
     assert sorted(results) == ["fastrl[lstm]", "fastrl[none]"]
-    assert all(r["runs"][0]["steps"] == 512 and r["median_eval_return"] >= 1 for r in results.values())
+    for r in results.values():  # both seeds from one population call: one wall time
+        assert [run["seed"] for run in r["runs"]] == [1, 2] and all(run["steps"] == 512 for run in r["runs"])
+        assert r["median_eval_return"] >= 1 and len({run["wall_s"] for run in r["runs"]}) == 1
