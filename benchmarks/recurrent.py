@@ -130,7 +130,7 @@ def main(argv=None) -> dict:
     write_json(report, args.out)
     print(markdown_table(["contender", "median eval return", "median wall s", f"seeds >= {TARGET:.0f}"],
                          [[name, f"{r['median_eval_return']:.1f}", f"{r['median_wall_s']:.1f}",
-                           f"{r['seeds_at_target']}/{args.n_seeds}"] for name, r in report["results"].items()]))
+                           f"{r['seeds_at_target']}/{len(r['runs'])}"] for name, r in report["results"].items()]))
     return report
 
 
