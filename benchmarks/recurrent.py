@@ -122,9 +122,10 @@ def main(argv=None) -> dict:
     unknown = sorted(set(names) - set(contenders))
     if unknown:
         parser.error(f"unknown --libs {unknown}; choose from {sorted(contenders)}")
+    machine = machine_info()  # before the runs: its load_average_at_start is the quiet machine's
     runs = {name: contenders[name]() for name in names}
     report = {"question": __doc__.splitlines()[0], "env": ENV_ID, "target": TARGET, "args": vars(args),
-              "config": CONFIG.read_text(), "zoo_ppo_lstm": ZOO_PPO_LSTM, "machine": machine_info(),
+              "config": CONFIG.read_text(), "zoo_ppo_lstm": ZOO_PPO_LSTM, "machine": machine,
               "versions": {lib: package_version(lib) for lib in ("sb3-contrib", "stable-baselines3", "envpool")},
               "results": {name: summarize(value) for name, value in runs.items()}}
     write_json(report, args.out)
