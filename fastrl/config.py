@@ -184,7 +184,8 @@ class Config:
                                              "counts its return so far (27,000: Atari's 108k frames)")
     eval_max_steps: int = _f(1_000_000, "an evaluation stops after this many env steps, all its envs together "
                                         "(unfinished episodes count their return so far)")
-    stop_at_return: float = _f(0.0, "stop once the recent mean return reaches this (0 disables)")
+    stop_at_return: float = _f(0.0, "stop once the return reaches this: the periodic evaluation's when eval_interval "
+                                    "> 0, else the last-100-episode mean (a population: every member; 0 disables)")
     capture_video: bool = _f(False, "record the final evaluation's first episodes to run_dir/videos/*.mp4 (a "
                                     "Gymnasium env of the same id renders them; needs pip install -e \".[video]\")")
     video_member: int = _f(0, "a population (n_seeds/vary): the member whose final evaluation capture_video records")

@@ -201,3 +201,21 @@ def test_episode_window_restart_keeps_counting():
     for ret in (30.0, 40.0, 50.0):
         finish(ret)
     assert sorted(stats.recent()[0].tolist()) == [20.0, 30.0, 40.0, 50.0]
+
+
+def test_stop_at_return_judges_the_periodic_evaluation_of_every_member(tmp_path, monkeypatch):
+    """With eval_interval > 0 the stop rule reads each member's periodic evaluation (as the rollback guard does) and
+    waits for every member. The evaluation is faked: 1,000 is out of CartPole's reach (max 500), so only an evaluation
+    can stop the run, and member 1 gets there one evaluation after member 0."""
+    import fastrl.run.loop as loop
+    scores = iter([[(1000.0, 0.0), (10.0, 0.0)], [(1000.0, 0.0), (1000.0, 0.0)]])
+    calls = []
+    monkeypatch.setattr(loop, "evaluate_members", lambda trainer, *a, **kw: calls.append(trainer.iteration)
+                        or next(scores, [(1000.0, 0.0)] * 2))
+    cfg = make_config(dict(total_steps=64 * 20, n_envs=4, n_steps=16, n_seeds=2, eval_interval=2, log_interval=1,
+                           eval_episodes=1, stop_at_return=999, run_dir=str(tmp_path), **QUIET))
+    summary = run(cfg)
+    assert calls[:2] == [2, 4], calls  # evaluations at iterations 2 and 4, then the final one
+    assert summary["iterations"] == 4 and summary["reached_return"] is True, summary
+    assert summary["steps_to_return"] == 4 * 64 * 2  # every member's steps together, as total_steps counts them
+    assert [m["steps_to_return"] for m in summary["members"]] == [2 * 64, 4 * 64]

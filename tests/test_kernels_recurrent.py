@@ -90,3 +90,20 @@ def test_compiled_equals_eager():
     ref_out, ref_grads = _outputs_and_grads(lstm_sequence, gates_x, h0, c0, weight, keep)
     for a, b in zip(out + grads, ref_out + ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("members", [None, 3])
+def test_torchscript_loops_equal_their_python_source(members):
+    """Eagerly the forward and the backward's recurrence run as TorchScript (``_scripted``); a compiler traces their
+    Python source. Both must compute the same floats, with and without a member axis."""
+    from fastrl.kernels.recurrent import _backward_loop, _forward, _scripted
+    gates_x, h0, c0, weight, keep = _inputs(members=members, dtype=torch.float32)
+    for python_out, script_out in zip(_forward(gates_x, h0, c0, weight, keep),
+                                      _scripted(_forward)(gates_x, h0, c0, weight, keep)):
+        assert torch.equal(python_out, script_out)
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(*gates_x.shape[:-1], h0.shape[-1], generator=g)
+    args = (hidden, torch.randn(h0.shape, generator=g), torch.rand(hidden.shape, generator=g),
+            torch.randn(gates_x.shape, generator=g), weight, keep, torch.rand(hidden.shape, generator=g))
+    for python_out, script_out in zip(_backward_loop(*args), _scripted(_backward_loop)(*args)):
+        assert torch.equal(python_out, script_out)

@@ -51,6 +51,7 @@ def adjustments(cfg: Config, trainer) -> list[str]:
                      f"{'it' if len(ignored) == 1 else 'them'}")
     if cfg.stop_at_return:
         who = "every member's" if cfg.population_size > 1 else "the"
-        notes.append(f"stops early once {who} last-100-episode mean return reaches {cfg.stop_at_return:g} "
+        what = "periodic evaluation (or last-100-episode mean)" if cfg.eval_interval else "last-100-episode mean"
+        notes.append(f"stops early once {who} {what} return reaches {cfg.stop_at_return:g} "
                      "(--stop-at-return 0 trains the whole budget)")
     return notes

@@ -31,8 +31,8 @@ population, ``--n-seeds``/``--vary``), and the loop treats every run alike: one 
 one ``stop_at_return`` record per member, ``member_rows()`` (one metrics row per member, empty at K = 1, where the
 run row is the member's), ``member_agent(m)``, ``member_info(m)``, ``member_episode_summary(m)``,
 ``normalizer_state(m)``, ``weights_state(m)`` / ``roll_back(state, lr_factor, m)``, ``weights_finite()``.
-``TrainerDefaults`` gives a one-agent trainer these for K = 1. ``episode_summary()`` carries
-``episode_return_min`` at K > 1, which ``stop_at_return`` waits on (every member there).
+``TrainerDefaults`` gives a one-agent trainer these for K = 1. ``stop_at_return`` waits for every member, each judged
+as its rollback guard is: on the periodic evaluation at a log step where one ran, else on its last-100-episode mean.
 """
 from __future__ import annotations
 
@@ -283,6 +283,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                     # Rank 0 evaluates; every rank judges the same figures, so all roll back together.
                     member_eval = torchrun.broadcast_object(evaluate_members(trainer) if dist_info.is_main else None)
                     record.update(evaluation_figures(member_eval))
+                judged_returns = []  # per member: what its guard and stop_at_return judge
                 for m, guard in enumerate(guards):
                     member_recent = recent if n_members == 1 else trainer.member_episode_summary(m)
                     row = rows[m] if rows else record
@@ -301,8 +302,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                         who = f"member {m} " if n_members > 1 else ""
                         print(f"fastrl: {who}rollback {guard.rollbacks}/{trainer.members[m].max_rollbacks} ({reason}) "
                               f"to the weights of step {guard.best_step}", file=sys.stderr)
-                    if (cfg.stop_at_return and reached[m] is None
-                            and member_recent.get("episode_return_mean", -math.inf) >= cfg.stop_at_return):
+                    judged_returns.append(-math.inf if judged is None else judged)
+                    if cfg.stop_at_return and reached[m] is None and judged_returns[m] >= cfg.stop_at_return:
                         reached[m] = (trainer.global_step // n_members, now - start_time)
                 if several_variants:
                     record = {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)}
@@ -311,13 +312,13 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                     for row in rows:
                         logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
                     logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
-                # A population stops once every member is there (episode_return_min), a single run at its mean.
-                lowest = recent.get("episode_return_min", recent.get("episode_return_mean", -math.inf))
-                if cfg.stop_at_return and lowest >= cfg.stop_at_return:
+                # A population stops once every member is there, a single run once it is.
+                if cfg.stop_at_return and min(judged_returns) >= cfg.stop_at_return:
                     threshold = (trainer.global_step, time.perf_counter() - start_time)
                     if dist_info.is_main and not cfg.quiet:
                         who = "every member's" if n_members > 1 else "the"
-                        print(f"fastrl: stopped at step {trainer.global_step:,}: {who} last-100-episode mean return "
+                        what = "evaluation" if member_eval is not None else "last-100-episode mean"
+                        print(f"fastrl: stopped at step {trainer.global_step:,}: {who} {what} return "
                               f"reached {cfg.stop_at_return:g} (stop_at_return)", file=sys.stderr, flush=True)
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
