@@ -108,20 +108,19 @@ def test_two_ranks_identical_parameters_and_global_steps(tmp_path, per_rank):
 @pytest.mark.learning
 def test_torchrun_default_learns(tmp_path):
     """``torchrun --nproc_per_node=2 -m fastrl.train`` with no other flags learns as one process does: the median
-    over 3 seeds of the last-100-episode mean clears 100 (random play: about 22). Each run stops at 150, which seeds
-    1-3 reached here within STEPS of the 250k allowed."""
+    over 3 seeds of the last-100-episode mean clears 120 (random play: about 22). Each run stops at 200, which seeds
+    1-3 reached here within 64k-96k steps (18-20 s each) of the 250k allowed."""
     def last_100(seed):
         cwd = tmp_path / f"seed{seed}"
         cwd.mkdir()
-        proc = torchrun(["--seed", str(seed), "--stop-at-return", "150", "--eval-episodes", "0"], cwd=cwd)
+        proc = torchrun(["--seed", str(seed), "--stop-at-return", "200", "--eval-episodes", "0"], cwd=cwd)
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]
         summary = json.loads((_only_run_dir(cwd) / "summary.json").read_text())
         assert len(set(summary["param_hashes"])) == 1
-        print("STEPS", seed, summary["steps_to_return"], summary["total_steps"])
         return summary["episode_return_mean"]
     median, values = median_of_seeds(last_100)
-    assert median >= 100, values
+    assert median >= 120, values
 
 
 def test_killed_rank_recovers_from_last_checkpoint(tmp_path):
