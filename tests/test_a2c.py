@@ -113,6 +113,6 @@ def test_a2c_learns_cartpole_v0(tmp_path):
     last-100-episode mean return >= 100 (a random policy gets about 22; the run stops once every member reaches 150;
     the classic result is 195)."""
     summary = _a2c_cartpole(tmp_path / "learn", LEARNING_POPULATION["seed"], n_seeds=LEARNING_POPULATION["n_seeds"],
-                            env="CartPole-v0", total_steps=60_000, stop_at_return=150, log_interval=25)
+                            env="CartPole-v0", total_steps=60_000, stop_at_return=150, log_interval=25, torch_threads=1)
     median, by_seed = median_of_members(summary, ("episode_return_mean",))
     assert median >= 100, f"median return {median}; per seed {by_seed}"
