@@ -135,13 +135,13 @@ class RejaxEval:
         self.cfg, self.every, self.episodes, self.threshold = cfg, every, episodes, threshold
         self.next_at, self.env, self.evals = every, None, []
 
-    def evaluate(self, agent, device) -> float:
+    def evaluate(self, policy, device) -> float:
         from fastrl.envs.batched import make_env
         from fastrl.run.evaluate import play_first_episodes
         if self.env is None:
             self.env = make_env(self.cfg, n_envs=self.episodes, seed=self.cfg.seed + 1_000_003, training=False)
         with torch.no_grad():
-            return play_first_episodes(agent, self.env, device, deterministic=False).mean().item()
+            return play_first_episodes(policy, self.env, device, deterministic=False).mean().item()
 
     def __call__(self, metrics, run):
         if run.global_step < self.next_at:
@@ -149,7 +149,7 @@ class RejaxEval:
         while self.next_at <= run.global_step:
             self.next_at += self.every
         start = time.perf_counter()
-        mean = self.evaluate(run.agent, run.trainer.device)
+        mean = self.evaluate(run.policy, run.trainer.device)
         self.evals.append([run.global_step, mean, time.perf_counter() - start])
         return mean < self.threshold
 

@@ -28,6 +28,11 @@ SUMMARY_KEYS = {"algo", "env", "seed", "total_steps", "wall_time_s", "sps", "epi
                 "steps_to_return", "time_to_return_s", "eval_return_mean", "eval_return_std"}
 
 LEARNING_SEEDS = (1, 2, 3)
+# LEARNING_SEEDS as one population call (members' seeds: seed, seed + 1, ...): where the code path allows it, a
+# learning check trains every seed in one process and judges the median member (``median_of_members``); each member
+# equals its single run (tests/test_population.py), so the median member is the median single run.
+LEARNING_POPULATION = {"seed": LEARNING_SEEDS[0], "n_seeds": len(LEARNING_SEEDS)}
+assert LEARNING_SEEDS == tuple(range(LEARNING_SEEDS[0], LEARNING_SEEDS[0] + len(LEARNING_SEEDS)))
 
 
 # Files whose tests start clusters (torchrun's two ranks on a shared rendezvous port, Ray heads): under
@@ -107,6 +112,15 @@ def median_of_seeds(run_fn: Callable, seeds=LEARNING_SEEDS) -> tuple:
     if isinstance(first, Mapping):
         return {key: _median([v[key] for v in values.values()]) for key in first}, values
     return _median(list(values.values())), values
+
+
+def median_of_members(summary: Mapping, keys=("eval_return_mean",)) -> tuple:
+    """The summary.json of a ``LEARNING_POPULATION`` run: ``(median, {seed: value})`` over its members of the figure
+    ``keys[0]``, or (several keys) of each key, as ``median_of_seeds`` gives them."""
+    members = summary["members"]
+    assert [m["seed"] for m in members] == list(LEARNING_SEEDS), members
+    return median_of_seeds(lambda seed: (members[seed - LEARNING_SEEDS[0]][keys[0]] if len(keys) == 1 else
+                                         {key: members[seed - LEARNING_SEEDS[0]][key] for key in keys}))
 
 
 class ManualClock:

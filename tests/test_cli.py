@@ -150,7 +150,7 @@ def test_eval_stochastic_and_caps_reach_the_evaluation(tmp_path, monkeypatch, ca
 
 def test_readme_test_command_is_what_ci_runs_and_is_pinned():
     """The README's set-up/test command is the one .ci/run runs, and it installs through constraints.txt, which
-    pins every dependency that pyproject.toml names (base and dev)."""
+    pins every dependency that pyproject.toml names (base and each extra the command installs)."""
     import tomllib
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
@@ -167,7 +167,9 @@ def test_readme_test_command_is_what_ci_runs_and_is_pinned():
             req = Requirement(line)
             pinned[canonicalize_name(req.name)] = req
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for spec in project["dependencies"] + project["optional-dependencies"]["dev"]:
+    extras = re.search(r'pip install -e "\.\[([a-z,]+)\]"', commands[0]).group(1).split(",")
+    assert {"dev", "jax"} <= set(extras), extras  # jax: tests/test_benchmarks.py's rejax part runs, not skipped
+    for spec in project["dependencies"] + [s for extra in extras for s in project["optional-dependencies"][extra]]:
         name = canonicalize_name(Requirement(spec).name)
         assert name in pinned, f"{name} is not in constraints.txt"
     assert str(pinned["torch"].specifier) == "==2.13.0"

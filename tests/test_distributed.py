@@ -125,7 +125,7 @@ def test_torchrun_default_learns(tmp_path):
 
 def test_killed_rank_recovers_from_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    total = 100 * 2 * 8 * 32
+    total = 60 * 8 * 32  # 60 iterations of 8 envs x 32 steps, both ranks together; the kill: at the first checkpoint
     # One epoch (not the default 20): the restart and resume are what is checked, not the update's cost.
     proc = torchrun(["--total-steps", str(total), "--n-envs", "8", "--n-steps", "32", "--n-minibatches", "2",
                      "--n-epochs", "1", "--checkpoint-interval", "2", "--keep-checkpoints", "2", "--eval-episodes", "0",

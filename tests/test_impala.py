@@ -421,8 +421,8 @@ def test_cartpole_learns(tmp_path):
 def test_killed_actor_is_restarted_and_training_finishes(tmp_path):
     """With a single actor the learner cannot finish unless the SIGKILLed actor comes back."""
     proc = _train(tmp_path, "--n-actors", "1", "--n-slots", "2", "--n-envs", "4", "--n-steps", "16",
-                  "--total-steps", "20000", "--eval-episodes", "0", "--log-interval", "5")
-    try:
+                  "--total-steps", "6400", "--eval-episodes", "0", "--log-interval", "5")
+    try:  # 100 rollouts of 4 envs x 16 steps; the kill after the first 5 leaves most of them to the restarted actor
         _wait_for_metrics(proc, tmp_path)
         actors = _actor_pids(proc.pid)
         assert len(actors) == 1, actors
@@ -433,7 +433,7 @@ def test_killed_actor_is_restarted_and_training_finishes(tmp_path):
             proc.kill()
     assert proc.returncode == 0, out
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["actor_restarts"] >= 1 and summary["total_steps"] >= 20000, summary
+    assert summary["actor_restarts"] >= 1 and summary["total_steps"] >= 6400, summary
     assert not summary["stopped_by_signal"]
 
 

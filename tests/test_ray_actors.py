@@ -345,10 +345,15 @@ def test_versions_lag_bound_and_every_rollout_accounted_for(cluster):
     assert not ray.is_initialized(), "the trainer disconnects from the cluster it joined"
 
 
+# A single actor's run: 50 rollouts of 8 envs x 32 steps, the fault injected once the first metrics row is written
+# (after 5 of them), so most of the budget is left for the actor that comes back.
+ONE_ACTOR_STEPS = 50 * 256
+
+
 def test_kill_9_of_an_actor_is_survived_and_counted(cluster, tmp_path):
     """With a single actor the run cannot finish unless the actor killed with SIGKILL comes back."""
     proc = _train(cluster, tmp_path, "--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32",
-                  "--total-steps", "40000", "--eval-episodes", "0", "--log-interval", "5")
+                  "--total-steps", str(ONE_ACTOR_STEPS), "--eval-episodes", "0", "--log-interval", "5")
     with _killed_on_failure(proc):
         _wait_for(lambda: _has_metrics(tmp_path), proc, 90, "metrics")
         actors = _wait_for(lambda: cluster.actor_pids("a1"), proc, 30, "an actor process")
@@ -356,7 +361,8 @@ def test_kill_9_of_an_actor_is_survived_and_counted(cluster, tmp_path):
         os.kill(actors[0], signal.SIGKILL)
     summary = _finished(proc, tmp_path)
     assert summary["actor_restarts"] >= 1 and summary["actor_failures"] >= 1, summary
-    assert summary["lost_rollouts"] >= 1 and summary["total_steps"] >= 40000 and not summary["stopped_by_signal"]
+    assert summary["lost_rollouts"] >= 1 and summary["total_steps"] >= ONE_ACTOR_STEPS, summary
+    assert not summary["stopped_by_signal"]
     assert len(summary["actor_nodes"]["0"]) == summary["actor_restarts"] + 1
 
 
@@ -407,11 +413,11 @@ def test_learner_crash_resumes_from_its_checkpoint_with_new_actors(cluster, tmp_
         time.sleep(0.2)
     assert all(_zombie(pid) for pid in actors), "Ray ends the actors of a learner that died"
     resumed = subprocess.run([sys.executable, "-m", "fastrl.train", "--resume", str(tmp_path), "--total-steps",
-                              "30000", *QUIET], cwd=REPO, env=cluster.env, capture_output=True, text=True,
+                              str(ONE_ACTOR_STEPS), *QUIET], cwd=REPO, env=cluster.env, capture_output=True, text=True,
                              timeout=150)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["resumed_from_step"] > 0 and summary["total_steps"] >= 30000 and summary["actors"] == "ray"
+    assert summary["resumed_from_step"] > 0 and summary["total_steps"] >= ONE_ACTOR_STEPS and summary["actors"] == "ray"
     assert summary["actor_restarts"] == 0 and len(summary["actor_nodes"]["0"]) == 1, summary
 
 
@@ -421,7 +427,7 @@ def test_actor_node_stopped_then_a_new_node_joins(cluster, tmp_path):
     cannot finish without it). (Last in this module: it
     replaces the module's actor node.)"""
     proc = _train(cluster, tmp_path, "--n-actors", "1", "--n-slots", "2", "--n-envs", "8", "--n-steps", "32",
-                  "--total-steps", "40000", "--eval-episodes", "0", "--log-interval", "5")
+                  "--total-steps", str(ONE_ACTOR_STEPS), "--eval-episodes", "0", "--log-interval", "5")
     with _killed_on_failure(proc):
         _wait_for(lambda: _has_metrics(tmp_path), proc, 90, "metrics")
         cluster.stop_node("a1")
@@ -429,7 +435,8 @@ def test_actor_node_stopped_then_a_new_node_joins(cluster, tmp_path):
         assert proc.poll() is None, "the learner must wait for actors, not exit"
         cluster.add_actor_node("a2")
     summary = _finished(proc, tmp_path)
-    assert summary["total_steps"] >= 40000 and summary["actor_restarts"] >= 1 and summary["lost_rollouts"] >= 1, summary
+    assert summary["total_steps"] >= ONE_ACTOR_STEPS, summary
+    assert summary["actor_restarts"] >= 1 and summary["lost_rollouts"] >= 1, summary
     new_node = {node for node, resources in _node_ids(cluster).items() if "actor_node" in resources}
     assert len(new_node) == 1
     assert summary["actor_nodes"]["0"][-1] in new_node and len(summary["actor_nodes"]["0"]) == 2, summary
