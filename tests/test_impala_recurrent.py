@@ -40,13 +40,16 @@ def _gathered(cfg):
     return trainer, ring
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_the_learners_unroll_reproduces_the_actors_log_probs_and_values(kind):
+@pytest.mark.parametrize("kind, env", [("lstm", "CartPole-v1"), ("gru", "CartPole-v1"),
+                                       ("lstm", "fastrl_space_envs:PixelMatchSmall")])
+def test_the_learners_unroll_reproduces_the_actors_log_probs_and_values(kind, env):
     """Same weights on both sides: the learner's unrolled forward over a minibatch of shuffled env columns (from the
     stored start states, with the stored episode starts, bootstrap row included) gives the log-probabilities and
-    values the actor computed step by step, across episode boundaries and a carried-over start state."""
-    trainer, ring = _gathered(make_config({**SMALL, "recurrent": kind}))
+    values the actor computed step by step, across episode boundaries and a carried-over start state; with an MLP
+    and a CNN encoder (a Gymnasium env of 8-step episodes)."""
+    trainer, ring = _gathered(make_config({**SMALL, "recurrent": kind, "env": env}))
     try:
+        assert type(trainer.agent.base).__name__ == ("PixelActorCritic" if "Pixel" in env else "ActorCritic")
         batch = trainer.batch
         starts, valid = batch["episode_start"], batch["valid"]
         assert bool(starts[1:].any()), "no episode starts inside the segment: lengthen n_steps"

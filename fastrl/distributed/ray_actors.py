@@ -94,7 +94,7 @@ class RolloutWorker:
         restart = restart + (1 + os.getpid() % 10_000) * 1_000 if reconstructed else restart
         self.collector = RolloutCollector(cfg, actor_id, restart)
         env = self.collector.env
-        recurrent = self.collector.sequence  # a recurrent policy's rollout also ships its start state and episode starts
+        recurrent = self.collector.sequence  # a recurrent policy's rollout ships its start state and episode starts
         buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs_per_actor, env.observation_shape, env.observation_dtype,
                                      env.action_spec, state_size=recurrent[0].shape[-1] if recurrent else 0)
         self.views = RolloutViews.of(buffer)

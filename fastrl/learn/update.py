@@ -23,8 +23,9 @@ adds ``SEQUENCE_KEYS`` and each minibatch is whole env columns, ``T * B`` rows t
 
 The IMPALA/APPO learner's batch is time-major: ``VTRACE_KEYS`` (``observation [T, N, ...]``, ``bootstrap_observation
 [N, ...]``, the observation after the last step, and ``[T, N]`` actions, behaviour log-probs, ``valid``, rewards,
-``done``, ``terminated``; a recurrent policy's adds ``SEQUENCE_KEYS``, unrolled per column). Both evaluate the T+1 observations with the learner's weights and take V-trace targets
-from them (``fastrl.learn.impala``; never differentiated):
+``done``, ``terminated``; a recurrent policy's adds ``SEQUENCE_KEYS``, unrolled per column). Both evaluate the T+1
+observations with the learner's weights and take V-trace targets from them (``fastrl.learn.impala``; never
+differentiated):
 
 - IMPALA: per minibatch of env columns (``minibatch_index [n_minibatches, N / n_minibatches]``, None: all columns),
   V-trace from the current weights, then ``kernels.pg_loss`` over the V-trace advantages (the paper's loss);
@@ -592,7 +593,8 @@ def learner_minibatch_index(spec: UpdateSpec, n_steps: int, n_envs: int, generat
                             device) -> torch.Tensor | None:
     """The IMPALA/APPO learner's ``minibatch_index`` for a ``[n_steps, n_envs]`` batch: IMPALA's env columns
     (``[n_minibatches, n_envs / n_minibatches]``, one ``randperm``; None with one minibatch: all columns in order),
-    APPO's rows as PPO's (``minibatch_index`` over the ``n_steps * n_envs`` rows; a recurrent policy's: whole columns)."""
+    APPO's rows as PPO's (``minibatch_index`` over the ``n_steps * n_envs`` rows; a recurrent policy's: whole
+    columns)."""
     if spec.algo == "appo":
         return minibatch_index(n_steps * n_envs, spec.n_epochs, spec.n_minibatches, generator, device,
                                spec.sequence_length)
