@@ -109,8 +109,8 @@ class Config:
                                   "start of each rollout)")
     ortho_init: bool = _f(True, "orthogonal initial weights (gain sqrt 2, policy head 0.01, value head 1: CleanRL's and "
                                 "SB3's default); false: PyTorch's default init, as SB3's ortho_init=False")
-    recurrent: str = _f("none", "recurrent policy (ppo, a2c): encoder -> one LSTM or GRU layer -> heads, trained on "
-                        "whole n_steps sequences of env columns", ("none", "lstm", "gru"))
+    recurrent: str = _f("none", "recurrent policy (ppo, a2c, impala, appo): encoder -> one LSTM or GRU layer -> heads, "
+                        "trained on whole n_steps sequences of env columns", ("none", "lstm", "gru"))
     recurrent_size: int = _f(128, "hidden width of the recurrent layer (CleanRL's LSTM PPO's)")
     encoder: str = _f("auto", "observation encoder: auto (MLP for vectors; for images impala_resnet for Procgen, "
                                  "minigrid_cnn from 7x7 to under 16x16, nature_cnn from 36x36, small_cnn otherwise; "
@@ -315,9 +315,9 @@ class Config:
         if self.learner_batch > self.n_slots:
             raise UserError(f"learner_batch={self.learner_batch} exceeds n_slots={self.n_slots}; raise n_slots")
         columns = self.n_envs_per_actor * self.learner_batch  # of a learner batch
-        if self.algo == "impala" and columns % self.n_minibatches:
-            raise UserError(f"impala splits a batch's n_envs/n_actors*learner_batch={columns} env columns "
-                            f"into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it (1 = the paper)")
+        if (self.algo == "impala" or self.recurrent != "none") and columns % self.n_minibatches:
+            raise UserError(f"{self.algo} splits a batch's n_envs/n_actors*learner_batch={columns} env columns (whole "
+                            f"sequences) into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it")
         if self.algo == "appo" and (columns * self.n_steps) % self.n_minibatches:
             raise UserError(f"appo splits a batch's n_envs/n_actors*learner_batch*n_steps={columns * self.n_steps} "
                             f"samples into n_minibatches={self.n_minibatches}; pick n_minibatches that divides it")

@@ -70,8 +70,6 @@ APPLIES_TO = {
     **{name: _ACTOR_LEARNER for name in ("n_actors", "n_slots", "learner_batch", "sync_interval", "max_policy_lag",
                                          "actor_timeout_s", "actors", "ray_address", "actor_resources")},
     **{name: _V_TRACE for name in ("rho_bar", "c_bar", "vtrace_lambda")},
-    **{name: (("ppo", "a2c"), "{algo} has no recurrent policies yet", "use --algo ppo")
-       for name in ("recurrent", "recurrent_size")},
 }
 
 # A YAML file describes an experiment, not a place: a saved config.yaml (which records these) starts a new run

@@ -8,7 +8,7 @@ of fastrl: the config, the CLI and fastrl tune all read it.
 from __future__ import annotations
 
 _MINIBATCH = "--n-minibatches (the minibatch size is n_envs * n_steps / n_minibatches)"
-_RECURRENT = "--recurrent lstm (or gru) with algo ppo or a2c; --recurrent-size sets the width"
+_RECURRENT = "--recurrent lstm (or gru) with algo ppo, a2c, impala or appo; --recurrent-size sets the width"
 _ONE_LSTM = "fastrl's recurrent policy is one LSTM (or GRU) layer that actor and critic share: --recurrent lstm"
 _MASKING = ("no flag: an observation Dict's action_mask key or the env's action_masks() method masks the policy "
             "(algo ppo or a2c)")

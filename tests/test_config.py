@@ -244,8 +244,8 @@ def _other_value(name: str, algo: str):
         return 0.5
     if name == "actor_timeout_s":
         return default * 2
-    if isinstance(default, str):  # the Ray actor keys, recurrent
-        return {"actors": "ray", "ray_address": "127.0.0.1:6379", "actor_resources": "CPU=2", "recurrent": "lstm"}[name]
+    if isinstance(default, str):  # the Ray actor keys
+        return {"actors": "ray", "ray_address": "127.0.0.1:6379", "actor_resources": "CPU=2"}[name]
     return default + 1 if isinstance(default, int) else default / 2 or 0.05
 
 

@@ -63,11 +63,11 @@ def test_unreachable_ray_address_is_one_line():
     assert "HOST:PORT" in one_line_error(check_ray, make_config({**SMALL, "actors": "ray", "ray_address": "head"}))
 
 
-@pytest.mark.parametrize("env_mode", ["sync", "async"])
-def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode):
-    """One rollout collected by the shared collection code (either env mode), reaching the learner through a local
-    actor's shared-memory slot and through a Ray actor's result: the same batch, then bit-identical weights and
-    metrics after the update."""
+@pytest.mark.parametrize("env_mode, recurrent", [("sync", "none"), ("async", "none"), ("sync", "lstm")])
+def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode, recurrent):
+    """One rollout collected by the shared collection code (either env mode; a recurrent policy's with its start
+    state and episode starts), reaching the learner through a local actor's shared-memory slot and through a Ray
+    actor's result: the same batch, then bit-identical weights and metrics after the update."""
     pytest.importorskip("ray", reason='ray is not installed: pip install "fastrl[ray]"')
     from fastrl.distributed import ray_actors
     from fastrl.distributed.actors import RolloutCollector, flat_weights
@@ -75,8 +75,9 @@ def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode):
     from fastrl.run.actor_learner import ActorLearnerTrainer
     monkeypatch.setattr(ray_actors, "_actor_context", lambda: (False, "node-under-test"))
     monkeypatch.setattr(ray_actors, "_fetch", lambda ref: ref)  # the "object store" hands back the array itself
-    local = ActorLearnerTrainer(make_config({**SMALL, "env_mode": env_mode}), CPU)
-    remote = ActorLearnerTrainer(make_config({**SMALL, "env_mode": env_mode, "actors": "ray"}), CPU)
+    overrides = {"env_mode": env_mode, "recurrent": recurrent, "recurrent_size": 16}
+    local = ActorLearnerTrainer(make_config({**SMALL, **overrides}), CPU)
+    remote = ActorLearnerTrainer(make_config({**SMALL, **overrides, "actors": "ray"}), CPU)
     try:
         assert torch.equal(flat_weights(local.agent), flat_weights(remote.agent))
         weights = flat_weights(local.agent).numpy()
@@ -97,6 +98,7 @@ def test_update_on_a_fixed_batch_equals_the_local_pools(monkeypatch, env_mode):
         assert result["data"]["observation"].dtype == np.float32 and result["version"] == 0
         remote.pool._deliver(0, result)
         assert local.gather(local.ring, lambda: True) and remote.gather(remote.ring, lambda: True)
+        assert ("recurrent_state" in local.keys) == (recurrent != "none")
         for key in local.keys:
             assert torch.equal(local.batch.get(key), remote.batch.get(key)), key
         assert torch.equal(local.bootstrap_observation, remote.bootstrap_observation)

@@ -132,8 +132,6 @@ def test_minibatches_are_whole_env_columns():
 
 def test_recurrent_refusals_are_one_line():
     assert "must divide n_envs" in one_line_error(Trainer, make_config({**SMALL, "n_envs": 6, "n_minibatches": 4}))
-    impala = {key: value for key, value in SMALL.items() if key != "n_epochs"}
-    assert "does not apply to impala" in one_line_error(make_config, {**impala, "algo": "impala"})
     assert "env-mode sync" in one_line_error(Trainer, make_config({**SMALL, "env_mode": "async"}))
 
 

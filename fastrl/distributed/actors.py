@@ -88,7 +88,8 @@ class _NumpyViews:
 class SlotRing(_NumpyViews):
     """``n_slots`` preallocated ``[T, N]`` rollouts in shared memory and their per-slot bookkeeping.
 
-    ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer``;
+    ``rollout`` is a TensorDict ``[K, T, N]`` with the TorchRL keys of ``make_rollout_buffer`` (``state_size``: a
+    recurrent policy's, with its ``episode_start`` and ``recurrent_state``);
     ``bootstrap_observation [K, N, *obs]`` is obs[T], the observation after the last step.
     ``episode_return`` / ``episode_length [K, E]`` and ``n_episodes [K]``: the episodes the actor's env finished
     during the slot's rollout, as its ``EpisodeStats`` counts them (Atari: the real game score over all lives);
@@ -97,10 +98,12 @@ class SlotRing(_NumpyViews):
     """
 
     def __init__(self, n_slots: int, n_actors: int, n_steps: int, n_envs: int, obs_shape: tuple,
-                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100, shared: bool = True):
+                 obs_dtype: torch.dtype, action_spec, episode_capacity: int = 100, shared: bool = True,
+                 state_size: int = 0):
         def place(t: torch.Tensor):  # shared memory for actor processes; the learner's own memory for Ray's results
             return t.share_memory_() if shared else t
-        one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec).exclude("advantage", "value_target")
+        one = make_rollout_buffer(n_steps, n_envs, obs_shape, obs_dtype, action_spec,
+                                  state_size=state_size).exclude("advantage", "value_target")
         self.rollout = place(one.expand(n_slots, n_steps, n_envs).clone())
         self.bootstrap_observation = place(torch.zeros(n_slots, n_envs, *obs_shape, dtype=obs_dtype))
         self.episode_return = place(torch.zeros(n_slots, episode_capacity, dtype=torch.float64))
@@ -235,6 +238,10 @@ class RolloutCollector:
     ``GroupedRollout`` (two env groups, one stepping while the policy acts on the other), per env the transitions the
     sync loop would write. Per env step: one policy forward, one env step, slice writes and a ``heartbeat()``; no
     .item(), no per-env Python loop, no allocation of buffers. Episode statistics are the env's own (``env.stats``).
+
+    A recurrent policy (sync env mode) carries ``sequence = (state [N, S], episode_start [N])`` across steps and
+    rollouts, zeroing a row's state where its episode starts (``fastrl.run.recurrent``'s rule: after a reset step),
+    and writes each rollout's start state and episode starts into the views, for the learner's unroll.
     """
 
     def __init__(self, cfg: Config, actor_id: int, restart: int):
@@ -254,6 +261,8 @@ class RolloutCollector:
         self.agent = make_agent(cfg, env.observation_shape, env.action_spec, getattr(env, "obs_scale", None))
         self.agent.requires_grad_(False)
         self.obs = env.reset()
+        recurrent = hasattr(self.agent, "state_size")  # freshly reset envs: a zero state, every episode starting
+        self.sequence = (self.agent.initial_state(n_envs), torch.ones(n_envs, dtype=torch.bool)) if recurrent else ()
 
     def collect(self, views: RolloutViews, bootstrap_observation: torch.Tensor, episode_return: torch.Tensor,
                 episode_length: torch.Tensor, heartbeat) -> tuple[int, float, float]:
@@ -269,20 +278,28 @@ class RolloutCollector:
                 policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
             else:
                 policy_s = env_s = 0.0
+                sequence = self.sequence
+                if sequence:
+                    views.recurrent_state.copy_(sequence[0].expand_as(views.recurrent_state))
                 for t in range(views.observation.shape[0]):
                     t0 = time.perf_counter()
-                    action, logp, _, value = agent.get_action_and_value(obs)
+                    if sequence:
+                        views.episode_start[t].copy_(sequence[1])
+                    action, logp, _, value, *state = agent.get_action_and_value(obs, *((None, None, *sequence)
+                                                                                       if sequence else ()))
                     views.write_policy(t, obs, action, logp, value)
                     t1 = time.perf_counter()
                     step = env.step(action)
                     t2 = time.perf_counter()
                     views.write_env(t, step)
                     obs = step.observation
+                    sequence = (state[0], ~step.valid) if sequence else ()
                     policy_s += t1 - t0
                     env_s += t2 - t1
                     heartbeat()
                 views.next_value[:-1].copy_(views.state_value[1:])  # behaviour values; the learner recomputes its own
-                views.next_value[-1].copy_(agent.get_value(obs))
+                views.next_value[-1].copy_(agent.get_value(obs, *sequence))
+                self.sequence = sequence
         bootstrap_observation.copy_(obs)
         self.obs = obs
         finished = copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length)

@@ -30,7 +30,8 @@ import torch
 
 
 class RolloutViews(NamedTuple):
-    """The ``[T, N]`` tensors a rollout writes (views into a buffer; see ``fastrl.envs.buffers``)."""
+    """The ``[T, N]`` tensors a rollout writes (views into a buffer; see ``fastrl.envs.buffers``); a recurrent
+    policy's buffer adds ``episode_start`` and ``recurrent_state`` (else None)."""
     observation: torch.Tensor
     action: torch.Tensor
     sample_log_prob: torch.Tensor
@@ -41,13 +42,15 @@ class RolloutViews(NamedTuple):
     terminated: torch.Tensor
     truncated: torch.Tensor
     next_value: torch.Tensor
+    episode_start: torch.Tensor | None = None
+    recurrent_state: torch.Tensor | None = None
 
     @classmethod
     def of(cls, buffer) -> "RolloutViews":
         nxt = buffer["next"]
         return cls(buffer["observation"], buffer["action"], buffer["sample_log_prob"], buffer["state_value"],
                    buffer["valid"], nxt["reward"], nxt["done"], nxt["terminated"], nxt["truncated"],
-                   nxt["state_value"])
+                   nxt["state_value"], buffer.get("episode_start", None), buffer.get("recurrent_state", None))
 
     def write_policy(self, t: int, observation, action, sample_log_prob, state_value) -> None:
         """Row ``t``'s policy side: the observation acted on, the action, its log-probability and the value."""

@@ -94,10 +94,12 @@ class RolloutWorker:
         restart = restart + (1 + os.getpid() % 10_000) * 1_000 if reconstructed else restart
         self.collector = RolloutCollector(cfg, actor_id, restart)
         env = self.collector.env
+        recurrent = self.collector.sequence  # a recurrent policy's rollout ships its start state and episode starts
         buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs_per_actor, env.observation_shape, env.observation_dtype,
-                                     env.action_spec)
+                                     env.action_spec, state_size=recurrent[0].shape[-1] if recurrent else 0)
         self.views = RolloutViews.of(buffer)
-        self.data = {"/".join(k) if isinstance(k, tuple) else k: buffer.get(k).numpy() for k in ROLLOUT_KEYS}
+        keys = ROLLOUT_KEYS + (("episode_start", "recurrent_state") if recurrent else ())
+        self.data = {"/".join(k) if isinstance(k, tuple) else k: buffer.get(k).numpy() for k in keys}
         self.bootstrap_observation = torch.zeros(cfg.n_envs_per_actor, *env.observation_shape,
                                                  dtype=env.observation_dtype)
         self.episode_return = torch.zeros(100, dtype=torch.float64)

@@ -12,6 +12,11 @@ come from the LEARNER's critic. Because the env returns an episode's real final 
 (and only auto-resets on the following, invalid step), ``value[t + 1]`` is the right bootstrap for a truncated
 episode, and V-trace's ``terminated`` / ``done`` cut the rest.
 
+A recurrent policy's batch adds ``episode_start [T, N]`` and ``recurrent_state [T, N, S]`` (each column's state at
+the segment's start, the actor's, in every row; ``fastrl.run.recurrent``'s convention): the learner unrolls its
+current weights over each column's T+1 observations from that state, zeroing it where an episode starts, the
+bootstrap observation's row included (``episode_start[T] = ~valid[T - 1]``).
+
 Every mean is over ``valid``: auto-reset steps never reach a loss or a statistic. IMPALA's loss:
 ``-rho_t * (r_t + gamma * vs_{t+1} - V(s_t)) * log pi(a_t|s_t) + vf_coef * 0.5 * (vs_t - V(s_t))^2 - ent_coef * H``.
 """
@@ -31,23 +36,32 @@ def learner_batch(batch: TensorDict, bootstrap_observation: torch.Tensor) -> dic
     nxt = batch["next"]
     return {"observation": batch["observation"], "bootstrap_observation": bootstrap_observation,
             "action": batch["action"], "sample_log_prob": batch["sample_log_prob"], "valid": batch["valid"],
-            "reward": nxt["reward"], "done": nxt["done"], "terminated": nxt["terminated"]}
+            "reward": nxt["reward"], "done": nxt["done"], "terminated": nxt["terminated"],
+            **{key: batch[key] for key in ("episode_start", "recurrent_state") if key in batch.keys()}}
+
+
+def learner_sequence(valid: torch.Tensor, episode_start: torch.Tensor, recurrent_state: torch.Tensor) -> tuple:
+    """A recurrent policy's ``learner_forward`` inputs from ``[T, N]`` columns: their start state ``[N, S]`` and the
+    episode starts of the T+1 observations ``[T + 1, N]`` (the bootstrap observation's: ``~valid[T - 1]``)."""
+    return recurrent_state[0], torch.cat([episode_start, ~valid[-1:]])
 
 
 def learner_forward(get_action_and_value, observation: torch.Tensor, bootstrap_observation: torch.Tensor,
-                    action: torch.Tensor, autocast=nullcontext):
+                    action: torch.Tensor, autocast=nullcontext, sequence: tuple = ()):
     """One forward over the T+1 observations ``obs[0..T]`` (the model under ``autocast``; outputs float32).
 
     ``get_action_and_value``: the agent's method (or the same with given weights). ``observation [T, N, *obs]``,
     ``bootstrap_observation [N, *obs]``, ``action [T, N, ...]`` -> ``target_logp [T, N]``, ``entropy [T, N]``,
-    ``value [T + 1, N]`` (differentiable).
+    ``value [T + 1, N]`` (differentiable). ``sequence``: a recurrent policy's ``learner_sequence``, unrolled over the
+    T+1 steps time-major.
     """
     T, N = observation.shape[:2]
     obs = torch.cat([observation, bootstrap_observation.unsqueeze(0)])
     # The last row's action is a placeholder (a copy of the previous row's): its log-prob is discarded.
     act = torch.cat([action, action[-1:]])
     with autocast():
-        _, logp, entropy, value = get_action_and_value(obs.flatten(0, 1), act.flatten(0, 1))
+        recurrent = (None, sequence[0], sequence[1].flatten()) if sequence else ()
+        _, logp, entropy, value = get_action_and_value(obs.flatten(0, 1), act.flatten(0, 1), *recurrent)[:4]
     logp, entropy, value = logp.float(), entropy.float(), value.float()
     return logp.view(T + 1, N)[:T], entropy.view(T + 1, N)[:T], value.view(T + 1, N)
 

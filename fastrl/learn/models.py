@@ -476,9 +476,6 @@ CORES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
 def check_recurrent(cfg) -> None:
     """One-line UserErrors for what a recurrent policy does not cover."""
     from fastrl.config import UserError
-    if cfg.algo not in ("ppo", "a2c"):
-        raise UserError(f"recurrent={cfg.recurrent} trains with algo ppo or a2c, not {cfg.algo}: use --algo ppo, or "
-                        "--recurrent none")
     if getattr(cfg, "use_sde", False) or getattr(cfg, "policy", ""):
         raise UserError(f"recurrent={cfg.recurrent} builds fastrl's own policy without gSDE: drop use_sde and policy, "
                         "or use --recurrent none")

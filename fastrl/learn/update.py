@@ -23,8 +23,9 @@ adds ``SEQUENCE_KEYS`` and each minibatch is whole env columns, ``T * B`` rows t
 
 The IMPALA/APPO learner's batch is time-major: ``VTRACE_KEYS`` (``observation [T, N, ...]``, ``bootstrap_observation
 [N, ...]``, the observation after the last step, and ``[T, N]`` actions, behaviour log-probs, ``valid``, rewards,
-``done``, ``terminated``). Both evaluate the T+1 observations with the learner's weights and take V-trace targets
-from them (``fastrl.learn.impala``; never differentiated):
+``done``, ``terminated``; a recurrent policy's adds ``SEQUENCE_KEYS``, unrolled per column). Both evaluate the T+1
+observations with the learner's weights and take V-trace targets from them (``fastrl.learn.impala``; never
+differentiated):
 
 - IMPALA: per minibatch of env columns (``minibatch_index [n_minibatches, N / n_minibatches]``, None: all columns),
   V-trace from the current weights, then ``kernels.pg_loss`` over the V-trace advantages (the paper's loss);
@@ -54,7 +55,7 @@ import torch
 from torch.func import grad_and_value, vjp, vmap
 
 from fastrl import kernels
-from fastrl.learn.impala import learner_forward, vtrace_targets
+from fastrl.learn.impala import learner_forward, learner_sequence, vtrace_targets
 from fastrl.learn.mlp_gradient import MembersMLPGradient
 from fastrl.learn.optim import init_state, optimizer_hparams, optimizer_name, optimizer_step
 from fastrl.learn.ppo import explained_variance
@@ -114,6 +115,11 @@ class UpdateSpec:
     def loss_keys(self) -> tuple:
         """The batch fields the loss reads, in order: ``LOSS_KEYS`` (and ``SEQUENCE_KEYS``, recurrent)."""
         return LOSS_KEYS + (SEQUENCE_KEYS if self.sequence_length else ())
+
+    @property
+    def learner_keys(self) -> tuple:
+        """The IMPALA/APPO learner's batch fields, in order: ``VTRACE_KEYS`` (and ``SEQUENCE_KEYS``, recurrent)."""
+        return VTRACE_KEYS + (SEQUENCE_KEYS if self.sequence_length else ())
 
     @property
     def n_steps(self) -> int:
@@ -228,9 +234,13 @@ class Update:
                                 ent_coef=hparams["ent_coef"], clip_vloss=self.spec.clip_vloss,
                                 normalize_advantage=self.spec.norm_adv, backend="torch")
 
+    def learner_sequence(self, minibatch: tuple) -> tuple:
+        """A recurrent policy's ``fastrl.learn.impala.learner_sequence`` of a learner minibatch (``learner_keys``)."""
+        return learner_sequence(minibatch[4], *minibatch[len(VTRACE_KEYS):]) if self.spec.sequence_length else ()
+
     def vtrace_targets_of(self, target_logp, value, minibatch: tuple) -> tuple:
         """``fastrl.learn.impala.vtrace_targets``' ``(vs, pg_advantage, stats)`` from the learner's outputs on a minibatch."""
-        _, _, _, behavior_logp, valid, reward, done, terminated = minibatch
+        _, _, _, behavior_logp, valid, reward, done, terminated = minibatch[:len(VTRACE_KEYS)]
         return vtrace_targets(behavior_logp, target_logp, value, reward, done, terminated, valid, *self.spec.vtrace)
 
     def vtrace_loss_of(self, target_logp, entropy, value, targets: tuple, minibatch: tuple, hparams: dict):
@@ -249,11 +259,12 @@ class Update:
         functional path takes the forward's vector-Jacobian product (``vjp``), computes the targets from its plain
         outputs, the loss's gradient with respect to those outputs, and pulls that back to the weights."""
         observation, bootstrap_observation, action = minibatch[:3]
+        sequence = self.learner_sequence(minibatch)
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
         if self.path == "module":
             with torch.enable_grad():
                 target_logp, entropy, value = learner_forward(self.eager_agent.get_action_and_value, observation,
-                                                              bootstrap_observation, action, self.autocast)
+                                                              bootstrap_observation, action, self.autocast, sequence)
                 targets = self.vtrace_targets_of(target_logp, value, minibatch)
                 loss, stats = self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
                 grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
@@ -261,7 +272,7 @@ class Update:
 
         def forward(views):
             return learner_forward(partial(self.layout.call, "get_action_and_value", views), observation,
-                                   bootstrap_observation, action, self.autocast)
+                                   bootstrap_observation, action, self.autocast, sequence)
         # With respect to each parameter's view, concatenated after (``FlatLayout.flat_gradient``), as ``gradient``.
         outputs, pullback = vjp(forward, self.layout.views(params))
         targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
@@ -438,7 +449,7 @@ class Update:
         if self.spec.algo == "impala":
             columns = index[j]
             return tuple(tensor[columns] if key == "bootstrap_observation" else tensor[:, columns]
-                         for key, tensor in zip(VTRACE_KEYS, batch))
+                         for key, tensor in zip(self.spec.learner_keys, batch))
         if index.dim() == 3:  # K members' [K, B, ...] rows: one flat index, then one index_select per input
             k, rows = batch[0].shape[:2]
             flat = (index[:, j] + _member_row_offsets(k, rows, index.device)).reshape(-1)
@@ -451,20 +462,22 @@ class Update:
         ``LOSS_KEYS`` rows ``[T * N]`` from the weights ``params`` before the update, with the batch's V-trace
         statistics."""
         if self.spec.algo == "impala":
-            return tuple(batch[key] for key in VTRACE_KEYS), {}
+            return tuple(batch[key] for key in self.spec.learner_keys), {}
         if self.spec.algo != "appo":
             return tuple(batch[key] for key in self.spec.loss_keys), {}
-        learner_inputs = tuple(batch[key] for key in VTRACE_KEYS)
+        learner_inputs = tuple(batch[key] for key in self.spec.learner_keys)
         observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
         policy = (self.eager_agent.get_action_and_value if self.path == "module"
                   else partial(self.layout.call, "get_action_and_value", params))
         with torch.no_grad():
-            target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast)
+            target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast,
+                                                    self.learner_sequence(learner_inputs))
         vs, pg_advantage, stats = self.vtrace_targets_of(target_logp, value, learner_inputs)
         stats["explained_variance"] = explained_variance(value[:-1], vs, valid.float())
         rows = {"observation": observation, "action": action, "sample_log_prob": behavior_logp,
-                "advantage": pg_advantage, "state_value": value[:-1], "value_target": vs, "valid": valid}
-        return tuple(rows[key].flatten(0, 1) for key in LOSS_KEYS), stats
+                "advantage": pg_advantage, "state_value": value[:-1], "value_target": vs, "valid": valid,
+                **dict(zip(SEQUENCE_KEYS, learner_inputs[len(VTRACE_KEYS):]))}
+        return tuple(rows[key].flatten(0, 1) for key in self.spec.loss_keys), stats
 
     def __call__(self, params, opt_state: dict, batch: dict, hparams: dict):
         """``(params, opt_state, metrics)`` after every minibatch step of one rollout (see the module docstring).
@@ -580,9 +593,11 @@ def learner_minibatch_index(spec: UpdateSpec, n_steps: int, n_envs: int, generat
                             device) -> torch.Tensor | None:
     """The IMPALA/APPO learner's ``minibatch_index`` for a ``[n_steps, n_envs]`` batch: IMPALA's env columns
     (``[n_minibatches, n_envs / n_minibatches]``, one ``randperm``; None with one minibatch: all columns in order),
-    APPO's rows as PPO's (``minibatch_index`` over the ``n_steps * n_envs`` rows)."""
+    APPO's rows as PPO's (``minibatch_index`` over the ``n_steps * n_envs`` rows; a recurrent policy's: whole
+    columns)."""
     if spec.algo == "appo":
-        return minibatch_index(n_steps * n_envs, spec.n_epochs, spec.n_minibatches, generator, device)
+        return minibatch_index(n_steps * n_envs, spec.n_epochs, spec.n_minibatches, generator, device,
+                               spec.sequence_length)
     if spec.n_minibatches == 1:
         return None
     order = torch.randperm(n_envs, generator=generator, device=device)

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import torch
 
-from fastrl.config import Config
+from fastrl.config import Config, UserError
 from fastrl.distributed.actors import A_ENV, A_POLICY, A_STEPS, A_WAIT, POLL_S, ActorPool, SlotRing, WeightBoard
 from fastrl.distributed.seeding import member_generator, seed_process
 from fastrl.envs.async_env import resolve_env_mode
@@ -67,7 +67,10 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.hparams = {key: value[None] for key, value in member_hparams(cfg, device).items()}
         self.obs_shape = obs_shape
         B, T, N = cfg.learner_batch, cfg.n_steps, cfg.n_envs_per_actor
-        self.batch = make_rollout_buffer(T, B * N, obs_shape, obs_dtype, action_spec, device).exclude(
+        state_size = getattr(self.agent, "state_size", 0)  # a recurrent policy's: its rollouts carry the state
+        if state_size and resolve_env_mode(cfg, N) != "sync":
+            raise UserError("a recurrent policy's actors step every env together: use --env-mode sync")
+        self.batch = make_rollout_buffer(T, B * N, obs_shape, obs_dtype, action_spec, device, state_size).exclude(
             "advantage", "value_target", "state_value", ("next", "state_value"))
         self.bootstrap_observation = torch.zeros(B * N, *obs_shape, dtype=obs_dtype)
         self.steps_per_update = B * T * N
@@ -85,7 +88,7 @@ class ActorLearnerTrainer(TrainerDefaults):
         self.lr_scale = 1.0  # lowered by each rollback
         self.should_stop = lambda: False
         self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, N, obs_shape, obs_dtype, action_spec,
-                             self.episodes.window, shared=cfg.actors == "local")
+                             self.episodes.window, shared=cfg.actors == "local", state_size=state_size)
         if cfg.actors == "ray":  # Ray actors on any node; their rollouts land in this (learner-side) ring
             from fastrl.distributed.ray_actors import RayActorPool
             self.pool = self.board = RayActorPool(cfg, self.ring)
