@@ -135,10 +135,14 @@ def test_recurrent_refusals_are_one_line():
     assert "env-mode sync" in one_line_error(Trainer, make_config({**SMALL, "env_mode": "async"}))
 
 
-def test_a_population_never_takes_the_hand_derived_gradient():
-    pop = Trainer(make_config({**SMALL, "n_seeds": 2}))
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_population_never_takes_the_hand_derived_gradient(kind):
+    """Members autograd; an LSTM over an MLP as batched matmuls (``members_lstm``, which the member-equals-single-run
+    tests below cover), a GRU under vmap."""
+    pop = Trainer(make_config({**SMALL, "recurrent": kind, "n_seeds": 2}))
     assert not hand_gradient_applies(pop.spec, pop.layout, pop.autocast)
     assert pop.update_fn.path == "members_autograd"
+    assert pop.layout.batched == (kind == "lstm")
 
 
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])

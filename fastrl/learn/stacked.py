@@ -16,7 +16,8 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fastrl.learn.masking import action_mask
-from fastrl.learn.models import ActorCritic, action_logp_entropy, gsde_distribution
+from fastrl.kernels.recurrent import lstm_sequence
+from fastrl.learn.models import ActorCritic, RecurrentActorCritic, action_logp_entropy, gsde_distribution
 
 
 class AgentMethod(nn.Module):
@@ -68,7 +69,9 @@ class FlatLayout:
         self.slots = {name: parameter_slots(module, params) for name, module in self.methods.items()}
         self.agent = agent
         self.index_of = {id(p): i for i, p in enumerate(params)}
-        self.batched = isinstance(agent, ActorCritic)  # an MLP: K members as batched matmuls, no vmap
+        # An MLP, or an LSTM over one: K members as batched matmuls, no vmap.
+        self.batched = isinstance(agent, ActorCritic) or (isinstance(agent, RecurrentActorCritic)
+                                                          and agent.kind == "lstm" and isinstance(agent.base, ActorCritic))
 
     def flatten(self, agent: nn.Module) -> torch.Tensor:
         """The agent's parameters as one ``[P]`` float32 tensor (a copy)."""
@@ -116,7 +119,8 @@ class FlatLayout:
         through). An MLP actor-critic runs as batched matmuls (``members_actor_critic``; ``views``: ``flat``'s
         ``member_views``, if the caller keeps them), other agents under vmap."""
         if self.batched:
-            return members_actor_critic(self, self.member_views(flat) if views is None else views, method, *args)
+            members = members_lstm if isinstance(self.agent, RecurrentActorCritic) else members_actor_critic
+            return members(self, self.member_views(flat) if views is None else views, method, *args)
         in_dims = (0, *(None if a is None else 0 for a in args))
         return vmap(lambda w, *a: self.call(method, w, *a), in_dims=in_dims)(flat, *args)
 
@@ -166,6 +170,38 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
         None if noise is None else noise.reshape(k * b, -1), exploration,
         None if mask is None else mask.reshape(k * b, -1))
     return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
+
+
+def members_lstm(layout: FlatLayout, views: list, method: str, obs, *args):
+    """``RecurrentActorCritic.get_action_and_value(obs, action, noise, state, episode_start)`` / ``get_value(obs,
+    state, episode_start)`` of K members at once, for an LSTM over an MLP trunk: ``obs [K, T * B, ...]``, ``state
+    [K, B, S]`` (None: zeros, B = T * B), ``episode_start [K, T * B]``; the same ops as the module's with batched
+    matmuls, and ``kernels.lstm_sequence`` over the member axis."""
+    args = (None, None, *args) if method == "get_value" else args
+    action, noise, state, episode_start = args + (None,) * (4 - len(args))
+    agent = layout.agent
+    base, core, size = agent.base, agent.core, agent.hidden_size
+
+    def weight(param):
+        return views[layout.index_of[id(param)]]
+    features = _members_sequential(layout, views, base.actor_trunk, base.trunk_input(obs.flatten(2)))
+    k, rows = features.shape[:2]
+    state = features.new_zeros(k, rows, agent.state_size) if state is None else state.to(features.dtype)
+    bias = (weight(core.bias_ih) + weight(core.bias_hh)).unsqueeze(1)
+    gates = torch.baddbmm(bias, features, weight(core.weight_ih).transpose(1, 2)).view(k, -1, state.shape[1], 4 * size)
+    keep = None if episode_start is None else (~episode_start.bool()).view(*gates.shape[:3], 1).to(gates.dtype)
+    out, (hidden, cell) = lstm_sequence(gates, state[..., :size], state[..., size:], weight(core.weight_hh), keep)
+    out = out.reshape(k, rows, size)
+    value = _members_linear(layout, views, base.value_head, out).squeeze(-1).float()
+    if method == "get_value":
+        return value
+    logits = _members_linear(layout, views, base.policy_head, out).reshape(k * rows, -1)
+    log_std = None if base.discrete else weight(base.log_std).unsqueeze(1).expand(k, rows, -1).reshape(k * rows, -1)
+    action, logp, entropy = action_logp_entropy(
+        logits, base.action_spec, log_std, None if action is None else action.reshape(k * rows, *action.shape[2:]),
+        None if noise is None else noise.reshape(k * rows, -1))
+    return (action.reshape(k, rows, *action.shape[1:]), logp.view(k, rows), entropy.view(k, rows), value,
+            torch.cat([hidden, cell], dim=-1).float())
 
 
 class MemberPolicy:
