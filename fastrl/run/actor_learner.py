@@ -15,12 +15,11 @@ from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.envs.stats import EpisodeStats, RunningMeanStd
 from fastrl.learn.impala import learner_batch
 from fastrl.learn.models import make_agent
-from fastrl.learn.optim import annealed_lr, load_optimizer_state_dict, optimizer_state_dict
+from fastrl.learn.optim import annealed_lr
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout
-from fastrl.learn.update import Update, UpdateSpec, copy_weights, learner_minibatch_index, member_hparams
-from fastrl.run.checkpoint import load_trainer_state, trainer_state
-from fastrl.run.loop import TrainerDefaults
+from fastrl.learn.update import Update, UpdateSpec, learner_minibatch_index, member_hparams
+from fastrl.run.members import MemberState
 
 AUTO_SYNC_STEPS = 10_000
 
@@ -31,7 +30,7 @@ def record_episodes(stats: EpisodeStats, returns: torch.Tensor, lengths: torch.T
     stats.record(returns.double().numpy(), lengths.long().numpy())
 
 
-class ActorLearnerTrainer(TrainerDefaults):
+class ActorLearnerTrainer(MemberState):
     """IMPALA / APPO behind the run loop's trainer interface (see ``fastrl.run.loop``).
 
     ``collect()`` takes ``learner_batch`` full slots from the actors' ring (starting the actors on first use);
@@ -45,6 +44,7 @@ class ActorLearnerTrainer(TrainerDefaults):
 
     def __init__(self, cfg: Config, device: torch.device):
         self.cfg, self.device = cfg, device
+        self.members, self.n_members, self.varied_keys = [cfg], 1, []
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True)
         seed_process(cfg.seed)
@@ -78,14 +78,15 @@ class ActorLearnerTrainer(TrainerDefaults):
         if cfg.max_policy_lag:  # weights must reach the actors before their rollouts all go stale
             auto = min(auto, max(1, cfg.max_policy_lag // 2))
         self.sync_interval = cfg.sync_interval or auto
-        self.generator = member_generator(cfg.seed, "minibatch", 0, device)
+        self.minibatch_generators = [member_generator(cfg.seed, "minibatch", 0, device)]
+        self.action_generators = []  # the actors draw the actions
         self.episodes = EpisodeStats(1)
         self.keys = list(self.batch.keys(include_nested=True, leaves_only=True))
         self.lag_totals = {"sum": 0.0, "count": 0, "max": 0, "dropped": 0}
         self.iteration = 0  # learner updates so far == the learner's policy version
         self.global_step = 0  # env steps consumed (trained on or dropped)
         self.total_steps = cfg.total_steps
-        self.lr_scale = 1.0  # lowered by each rollback
+        self.lr_scales = [1.0]  # lowered by each rollback
         self.should_stop = lambda: False
         self.ring = SlotRing(cfg.n_slots, cfg.n_actors, cfg.n_steps, N, obs_shape, obs_dtype, action_spec,
                              self.episodes.window, shared=cfg.actors == "local", state_size=state_size)
@@ -187,10 +188,6 @@ class ActorLearnerTrainer(TrainerDefaults):
                 filled += 1
         return True
 
-    def member_state(self, tree: dict) -> dict:
-        """The one member's entries (views) of ``[1, ...]`` tensors."""
-        return {key: value[0] for key, value in tree.items()}
-
     def update(self) -> dict:
         """One update of the pure ``Update`` on the gathered batch, written into ``params`` / ``opt_state``."""
         lr = self.current_lr()
@@ -200,11 +197,11 @@ class ActorLearnerTrainer(TrainerDefaults):
         batch = self.batch.to(self.device, non_blocking=True) if on_device else self.batch
         boot = self.bootstrap_observation.to(self.device, non_blocking=True) if on_device else self.bootstrap_observation
         inputs = learner_batch(batch, boot)
-        index = learner_minibatch_index(self.spec, *batch.batch_size, self.generator, self.device)
+        index = learner_minibatch_index(self.spec, *batch.batch_size, self.minibatch_generators[0], self.device)
         if index is not None:
             inputs["minibatch_index"] = index
-        sums = self.update_fn.in_place(self.params[0], self.member_state(self.opt_state), inputs,
-                                       self.member_state(self.hparams))
+        sums = self.update_fn.in_place(self.params[0], {key: value[0] for key, value in self.opt_state.items()},
+                                       inputs, {key: value[0] for key, value in self.hparams.items()})
         metrics = {key if "/" in key else f"losses/{key}": value for key, value in sums.items()}
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
@@ -242,8 +239,18 @@ class ActorLearnerTrainer(TrainerDefaults):
         summary = self.episodes.summary()
         return summary if "episode_return_mean" in summary else {}
 
+    def member_stats(self, m: int = 0) -> EpisodeStats:
+        return self.episodes
+
     def normalizer_state(self, m: int = 0) -> None:
         return None  # observation/reward normalization is refused for impala/appo (config.validate)
+
+    def saved_normalizer(self, m: int = 0) -> dict:
+        """Identity statistics, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
+        return {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
+
+    def load_normalizer(self, state: dict | None, m: int = 0) -> None:
+        pass
 
     def summary_extras(self) -> dict:
         actor_total = self.pool.stats.clone()
@@ -257,33 +264,14 @@ class ActorLearnerTrainer(TrainerDefaults):
                 "env_mode": resolve_env_mode(self.cfg, self.cfg.n_envs_per_actor), "actors": self.cfg.actors,
                 **self.pool.summary_extras()}
 
-    def state_dict(self) -> dict:
-        """The checkpoint, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work); the optimizer state
-        as ``torch.optim``'s state dict."""
-        identity = {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
-        optimizer = optimizer_state_dict(self.spec.optimizer, self.update_fn.constants,
-                                         self.member_state(self.opt_state), self.layout.numels, self.layout.shapes,
-                                         float(self.hparams["lr"][0]))
-        return trainer_state(self, optimizer, identity, self.episodes.state_dict(), self.generator)
-
     def load_state_dict(self, state: dict) -> None:
-        load_trainer_state(self, state, self.generator)
-        self.params[0].copy_(self.layout.flatten(self.agent).to(self.device))
-        load_optimizer_state_dict(self.spec.optimizer, state["optimizer"], self.member_state(self.opt_state),
-                                  self.layout.numels)
-        self.episodes.load_state_dict(state["episode_stats"])
+        super().load_state_dict(state)
         if self.pool.started:
             self.publish()
 
-    def weights_state(self, m: int = 0) -> dict:
-        """What a rollback restores: weights and optimizer state."""
-        return {"params": self.params[0].clone(), "opt_state": {k: v[0].clone() for k, v in self.opt_state.items()}}
-
     def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
-        """Return to ``state``, scale the LR, restart the episode window and hand the weights to the actors."""
-        copy_weights(self.params, self.opt_state, state["params"], state["opt_state"], 0)
-        self.lr_scale *= lr_factor
-        self.episodes.restart_window()
+        """``MemberState.roll_back``, then the weights go to the actors."""
+        super().roll_back(state, lr_factor, m)
         self.publish()
 
     def close(self) -> None:

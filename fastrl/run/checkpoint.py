@@ -236,24 +236,3 @@ def checkpoint_spaces(state: dict, where: str) -> tuple | None:
         return space_from_data(entry["observation"]), space_from_data(entry["action"])
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise UserError(f"{where} holds malformed spaces ({type(e).__name__}: {e}); it was not written by fastrl") from None
-
-
-def trainer_state(trainer, optimizer: dict, normalizer: dict, episode_stats: dict, generator: torch.Generator) -> dict:
-    """A trainer's checkpoint: weights, optimizer (``torch.optim``'s state dict format, ``fastrl.learn.optim``), counters,
-    config, normalizer, episode statistics, RNG states and the env's spaces (``env_spaces``).
-
-    ``trainer`` has ``agent``, ``global_step``, ``iteration``, ``lr_scale`` and ``cfg`` (every trainer of
-    ``fastrl.run.loop`` does), so PPO, A2C, IMPALA and APPO checkpoints share one format."""
-    return {"model": trainer.agent.state_dict(), "optimizer": optimizer,
-            "global_step": trainer.global_step, "iteration": trainer.iteration, "lr_scale": trainer.lr_scale,
-            "config": trainer.cfg.to_dict(), "normalizer": normalizer, "episode_stats": episode_stats,
-            "rng": rng_state(generator), "spaces": env_spaces(trainer.cfg)}
-
-
-def load_trainer_state(trainer, state: dict, generator: torch.Generator) -> None:
-    """Restore what ``trainer_state`` captured, but the optimizer state, the normalizer and episode statistics (the
-    trainer's own)."""
-    trainer.agent.load_state_dict(state["model"])
-    trainer.global_step, trainer.iteration = int(state["global_step"]), int(state["iteration"])
-    trainer.lr_scale = float(state.get("lr_scale", 1.0))
-    load_rng_state(state["rng"], generator)

@@ -31,8 +31,8 @@ population, ``--n-seeds``/``--vary``), and the loop treats every run alike: one 
 one ``stop_at_return`` record per member, ``member_rows()`` (one metrics row per member, empty at K = 1, where the
 run row is the member's), ``member_agent(m)``, ``member_info(m)``, ``member_episode_summary(m)``,
 ``normalizer_state(m)``, ``weights_state(m)`` / ``roll_back(state, lr_factor, m)``, ``weights_finite()``.
-``TrainerDefaults`` gives a one-agent trainer these for K = 1. ``stop_at_return`` waits for every member, each judged
-as its rollback guard is: on the periodic evaluation at a log step where one ran, else on its last-100-episode mean.
+``fastrl.run.members.MemberState`` gives a trainer these from its per-member tensors. ``stop_at_return`` waits for
+every member, each judged as its rollback guard is: on the periodic evaluation at a log step where one ran, else on its last-100-episode mean.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ from fastrl.envs.env_workers import EnvError
 from fastrl.run.callbacks import CallbackError, RunContext, run_callbacks
 from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.run.evaluate import EvaluationStopped, describe, evaluate, record_videos
-from fastrl.run.guards import RollbackGuard, all_finite
+from fastrl.run.guards import RollbackGuard
 from fastrl.run.logger import POPULATION_KEYS, NullLogger, RunLogger
 from fastrl.run.resources import ResourceMonitor
 from fastrl.run.rundir import restart_count, write_config
@@ -68,30 +68,6 @@ def process_seconds() -> float | None:
         return uptime_s - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-
-
-class TrainerDefaults:
-    """The member interface of a trainer of one agent (K = 1): see the module docstring."""
-    n_members = 1
-
-    @property
-    def members(self) -> list:
-        return [self.cfg]
-
-    def member_agent(self, m: int = 0):
-        return self.agent
-
-    def member_info(self, m: int = 0) -> dict:
-        return {"member": 0, "seed": self.cfg.seed, "hyperparameters": {}}
-
-    def member_episode_summary(self, m: int = 0) -> dict:
-        return self.episode_summary()
-
-    def member_rows(self) -> list:
-        return []
-
-    def weights_finite(self) -> bool:
-        return all_finite(self.agent)
 
 
 def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> bool:

@@ -24,12 +24,7 @@ from pathlib import Path
 from fastrl.config import Config, UserError
 from fastrl.defaults import YAML_IGNORED
 from fastrl.distributed import torchrun
-from fastrl.run.runfiles import clear_run, refuse_links
-
-# What makes a directory "hold a run" (what --overwrite deletes is what fastrl recorded: fastrl.run.runfiles).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "learning_curve.png")
-RUN_DIRS = ("checkpoints", "tb", "wandb", "videos")
-
+from fastrl.run.runfiles import OWN_PATHS, clear_run, refuse_links
 
 LOCK_FILE = ".fastrl-lock"
 
@@ -104,7 +99,9 @@ class RunLock:
 
 
 def holds_run(path: Path) -> bool:
-    return path.is_dir() and (any((path / f).exists() for f in RUN_FILES) or any((path / d).exists() for d in RUN_DIRS))
+    """Whether ``path`` holds one of fastrl's files or folders but the lock (what --overwrite deletes is what fastrl
+    recorded: ``fastrl.run.runfiles``)."""
+    return path.is_dir() and any((path / name).exists() for name in OWN_PATHS if name != LOCK_FILE)
 
 
 def resume_run_dir(target: str) -> Path:

@@ -24,7 +24,6 @@ compiled), which equals the gradient of the global minibatch.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import statistics
 
@@ -39,23 +38,23 @@ from fastrl.envs.async_env import make_async_env, resolve_env_mode
 from fastrl.envs.batched import make_env
 from fastrl.envs.buffers import make_rollout_buffer
 from fastrl.learn.models import make_agent
-from fastrl.learn.optim import annealed_clip_coef, annealed_lr, load_optimizer_state_dict, optimizer_state_dict
+from fastrl.learn.optim import annealed_clip_coef, annealed_lr
 from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
 from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, copy_weights, epoch_end_mask, finish_metrics,
                                  hand_gradient_applies, initial_opt_state, minibatch_index)
 from fastrl.run.allocator import keep_freed_memory
-from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
 from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
 from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
-from fastrl.run.population import member_configs, member_hyperparameters, varied_keys, variant_name
+from fastrl.run.members import MemberState
+from fastrl.run.population import member_configs, varied_keys
 from fastrl.run.recurrent import RecurrentCarry
 from fastrl.run.rollout import CompiledRolloutStep, has_pure_step, sampling_noise
 from fastrl.run.threads import rank_n_envs, torch_thread_counts, torch_threads
 
 
-class Trainer:
+class Trainer(MemberState):
     """Owns the env, the members' parameters and optimizer state and the ``[T, K * n_envs]`` buffer.
     ``collect()`` then ``update()`` per iteration."""
 
@@ -130,11 +129,6 @@ class Trainer:
         self._plan_compiles()
         self.next_obs = self.env.reset()
         self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
-
-    @property
-    def lr_scale(self) -> float:
-        """The first member's LR scale (lowered by its rollbacks): the run's, at K = 1."""
-        return self.lr_scales[0]
 
     # ------------------------------------------------------------------ compiling
     def _plan_compiles(self) -> None:
@@ -410,27 +404,9 @@ class Trainer:
         for m, member in enumerate(self.members):
             compute_advantages(batch[:, m * n:(m + 1) * n], member.gamma, member.gae_lambda)
 
-    # ------------------------------------------------------------------ per member
-    def member_agent(self, m: int) -> torch.nn.Module:
-        """An ``nn.Module`` with member m's current weights (at K > 1 one shared scratch module: use it before the
-        next call)."""
-        if m == 0:
-            return self.agent
-        if not hasattr(self, "_scratch_agent"):
-            self._scratch_agent = copy.deepcopy(self.agent)
-        return self.layout.load_into(self._scratch_agent, self.params[m])
-
-    def weights_finite(self) -> bool:
-        """Whether every member's weights are finite (no checkpoint is written from NaN/Inf weights)."""
-        return bool(torch.isfinite(self.params).all())
-
     def member_stats(self, m: int):
         stats = self.env.stats
         return stats.members[m] if hasattr(stats, "members") else stats
-
-    def member_episode_summary(self, m: int) -> dict:
-        """Member m's last-100-episode figures."""
-        return self.member_stats(m).summary()
 
     def episode_summary(self) -> dict:
         """Recent-episode statistics: for K > 1 the means over members, with ``episode_return_min`` (the loop's
@@ -468,94 +444,6 @@ class Trainer:
                 "episode_window_full": full_ranks == self.dist.world_size, "episodes": int(episodes),
                 **({"episode_return_last": last.item()} if last.numel() else {})}
 
-    def member_rows(self) -> list[dict]:
-        """One metrics row per member (``member``, ``seed``, ``variant``, what ``--vary`` set, its episode figures and
-        losses); empty for a single run, whose run row is its member's."""
-        if self.n_members == 1:
-            return []
-        from fastrl.run.loop import episode_metrics  # the loop's names
-        rows = []
-        for m, member in enumerate(self.members):
-            hyper = member_hyperparameters(member, self.cfg, self.varied_keys)
-            row = {"member": m, "seed": member.seed, "member_step": self.global_step // self.n_members,
-                   "variant": variant_name(hyper), **hyper, **episode_metrics(self.member_episode_summary(m))}
-            row.update({key: value[m].item() for key, value in self._member_metrics.items()})
-            rows.append(row)
-        return rows
-
-    def member_info(self, m: int) -> dict:
-        member = self.members[m]
-        return {"member": m, "seed": member.seed,
-                "hyperparameters": member_hyperparameters(member, self.cfg, self.varied_keys)}
-
-    # ------------------------------------------------------------------ state
-    def member_state(self, m: int) -> dict:
-        """Member m's checkpoint: weights, optimizer (torch.optim's format), counters, config, normalizer, episode
-        statistics, RNG states and the env's spaces. A single run's checkpoint is its one member's."""
-        member = self.members[m]
-        constants = dict(self.spec.constants)
-        state = {key: value[m] for key, value in self.opt_state.items()}
-        optimizer = optimizer_state_dict(self.spec.optimizer, constants, state, self.layout.numels, self.layout.shapes,
-                                         float(self.hparams["lr"][m]))
-        rng = rng_state(self.minibatch_generators[m])
-        rng["action"] = self.action_generators[m].get_state()
-        out = {"model": copy.deepcopy(self.member_agent(m).state_dict()), "optimizer": optimizer,
-               "global_step": self.global_step // self.n_members, "iteration": self.iteration,
-               "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.normalizer_state(m),
-               "episode_stats": self.member_stats(m).state_dict(), "rng": rng, "spaces": env_spaces(member)}
-        if "loss_scale" in self.opt_state:
-            out["loss_scale"] = {"loss_scale": self.opt_state["loss_scale"][m].clone(),
-                                 "good_steps": self.opt_state["good_steps"][m].clone()}
-        return out
-
-    def state_dict(self) -> dict:
-        if self.n_members == 1:
-            return self.member_state(0)
-        return {"config": self.cfg.to_dict(), "global_step": self.global_step, "iteration": self.iteration,
-                "members": [self.member_state(m) for m in range(self.n_members)]}
-
-    def load_state_dict(self, state: dict) -> None:
-        saved_members = state.get("members", [state])
-        if len(saved_members) != self.n_members:
-            raise UserError(f"the checkpoint holds {len(saved_members)} member(s), this run {self.n_members}: resume "
-                            "with the checkpoint's own --n-seeds/--vary")
-        for m, saved in enumerate(saved_members):
-            self._load_member(m, saved)
-        self.global_step = int(state["global_step"]) * (1 if "members" in state else self.n_members)
-        self.iteration = int(state["iteration"])
-
-    def _load_member(self, m: int, saved: dict) -> None:
-        agent = self.member_agent(m)
-        agent.load_state_dict(saved["model"])
-        self.params[m].copy_(self.layout.flatten(agent).to(self.device))
-        state = {key: value[m] for key, value in self.opt_state.items()}
-        load_optimizer_state_dict(self.spec.optimizer, saved["optimizer"], state, self.layout.numels)
-        if "loss_scale" in saved and "loss_scale" in self.opt_state:
-            for key, value in saved["loss_scale"].items():
-                self.opt_state[key][m].copy_(value)
-        self.lr_scales[m] = float(saved.get("lr_scale", 1.0))
-        self.env.load_state_dict(saved["normalizer"], m)
-        self.member_stats(m).load_state_dict(saved["episode_stats"])
-        rng = saved["rng"]
-        if m == 0:
-            load_rng_state(rng, self.minibatch_generators[0])
-        else:
-            self.minibatch_generators[m].set_state(rng["sample"])
-        if "action" in rng:
-            self.action_generators[m].set_state(rng["action"])
-
-    def weights_state(self, m: int = 0) -> dict:
-        """What member m's rollback restores: its parameters, optimizer state and normalizer statistics."""
-        return {"params": self.params[m].clone(), "opt_state": {k: v[m].clone() for k, v in self.opt_state.items()},
-                "normalizer": self.normalizer_state(m)}
-
-    def roll_back(self, state: dict, lr_factor: float, m: int = 0) -> None:
-        """Return member m to ``state`` (see weights_state), scale its LR and restart its episode-return window."""
-        copy_weights(self.params, self.opt_state, state["params"], state["opt_state"], m)
-        self.env.load_state_dict(state["normalizer"], m)
-        self.lr_scales[m] *= lr_factor
-        self.member_stats(m).restart_window()
-
     def log_extras(self) -> dict:
         """Per-log-interval diagnostics: seconds in each named section since the last log."""
         return self.timer.pop()
@@ -563,6 +451,9 @@ class Trainer:
     def normalizer_state(self, m: int = 0) -> dict:
         """Member m's observation/reward normalizer statistics (for its evaluation envs)."""
         return self.env.state_dict(m)
+
+    def load_normalizer(self, state: dict, m: int = 0) -> None:
+        self.env.load_state_dict(state, m)
 
     def summary_extras(self) -> dict:
         out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
