@@ -6,7 +6,7 @@ import torch
 
 import fastrl
 from fastrl.config import make_config
-from fastrl.run.guards import RollbackGuard, all_finite
+from fastrl.run.guards import RollbackGuard
 from fastrl.run.loop import save_if_finite
 from fastrl.run.session import run
 from fastrl.run.trainer import Trainer
@@ -76,7 +76,7 @@ def test_nan_loss_skips_the_update_and_is_counted():
     # The NaN sample lands in one minibatch per epoch: those two updates are skipped, the others run.
     assert metrics["losses/nonfinite_updates"].item() == 2 and metrics["losses/n_updates"].item() == 2
     assert trainer.opt_state["step"].tolist() == [2.0], "a skipped update is no optimizer step"
-    assert all_finite(trainer.agent) and trainer.weights_finite()
+    assert trainer.weights_finite()
     assert not torch.equal(trainer.params, before)
     trainer.buffer["sample_log_prob"].fill_(float("nan"))
     trainer.params.copy_(before)

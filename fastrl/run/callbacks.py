@@ -195,13 +195,12 @@ class EvalCallback:
         if not self._due(run) or not run.is_main:
             return True
         from fastrl.run.evaluate import evaluate
-        from fastrl.run.guards import all_finite
         trainer = run.trainer
         returns = evaluate(trainer.agent, trainer.cfg, trainer.normalizer_state(), self.episodes, self.seeds,
                            trainer.device, deterministic=self.deterministic)
         mean, std = returns.mean().item(), returns.std(unbiased=False).item()
         self.results.append((run.global_step, mean, std))
-        if mean > self.best_return and all_finite(trainer.agent):
+        if mean > self.best_return and trainer.weights_finite():
             self.best_return, self.best_step = mean, run.global_step
             if self.save_best:
                 from fastrl.run.checkpoint import save_checkpoint

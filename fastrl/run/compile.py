@@ -106,18 +106,14 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
     ``iterations`` > 0: the run's iteration is one function (``fastrl.run.iteration``), compiled whole (rollout and
     update in one mode, every minibatch step in its one call) on CPU from ``CPU_ITERATION_COMPILE_MIN_ITERATIONS``.
     """
-    if iterations:
-        whole = mode if mode != "auto" else "reduce-overhead" if device.type == "cuda" else (
-            "default" if iterations >= CPU_ITERATION_COMPILE_MIN_ITERATIONS else "off")
-        if whole != "off":
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
-        return CompilePlan(whole, whole, n_epochs * n_minibatches)
     if mode != "auto":
         rollout = update = mode
     elif device.type == "cuda":
         # Under torchrun the update's NCCL all-reduce is then captured in the CUDA graph too: checked with gloo on
         # CPU only (tests/test_distributed.py), never yet on two GPUs.
         rollout = update = "reduce-overhead"
+    elif iterations:
+        rollout = update = "default" if iterations >= CPU_ITERATION_COMPILE_MIN_ITERATIONS else "off"
     else:
         rollout = "default" if rollout_steps >= CPU_ROLLOUT_COMPILE_MIN_STEPS else "off"
         update_needs = CPU_COMPILE_MIN_GRADIENT_STEPS
@@ -127,6 +123,8 @@ def compile_plan(mode: str, device: torch.device, gradient_steps: int, rollout_s
         update = "default" if gradient_steps >= update_needs else "off"
     if (rollout, update) != ("off", "off"):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_dir())
+    if iterations:
+        return CompilePlan(rollout, update, n_epochs * n_minibatches)
     horizon = min(gradient_steps, PLANNING_HORIZON_GRADIENT_STEPS)
     per_call = (steps_per_call(n_epochs, n_minibatches, target_steps_per_call(horizon))
                 if update != "off" else 1)

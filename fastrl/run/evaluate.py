@@ -271,15 +271,14 @@ def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", 
     ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
     from fastrl.run.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
     from fastrl.distributed.torchrun import resolve_device
-    from fastrl.envs.batched import make_env
+    from fastrl.envs.batched import probe_env
     from fastrl.learn.models import make_agent
 
     state = select_member(load_checkpoint(target), member, f"checkpoint {target}")
     cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
     dev = resolve_device(device)
-    probe = make_env(cfg, n_envs=1, training=False)
-    agent = make_agent(cfg, probe.observation_shape, probe.action_spec)
-    probe.close()
+    shape, _, action_spec = probe_env(cfg)
+    agent = make_agent(cfg, shape, action_spec)
     load_weights(agent, state["model"], f"checkpoint {target}")
     agent.to(dev).eval()
     return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

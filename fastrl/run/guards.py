@@ -8,13 +8,6 @@ from __future__ import annotations
 import copy
 import math
 
-import torch
-
-
-def all_finite(module: torch.nn.Module) -> bool:
-    """True when every parameter and buffer is finite (checked before any checkpoint is written)."""
-    return all(bool(torch.isfinite(t).all()) for t in module.state_dict().values() if t.is_floating_point())
-
 
 class RollbackGuard:
     """Keeps the best weights seen so far and says when to go back to them.

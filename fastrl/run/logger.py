@@ -367,7 +367,6 @@ def serve_sinks() -> None:
     import importlib
     import logging
     import pickle
-    import threading
     # On a full disk wandb's own log files fail: logging would print a traceback per record, and asyncio a line per
     # write to wandb's lost service process. The sink's one warning line says it (see SinkWriter).
     logging.raiseExceptions = False
@@ -414,7 +413,6 @@ class RunLogger(NullLogger):
         self._jsonl = open(self.run_dir / "metrics.jsonl", "ab", buffering=0)
         sink_args = dict(run_dir=str(self.run_dir), config=config, start_step=start_step, tensorboard=tensorboard,
                          wandb_mode=wandb_mode, wandb_project=wandb_project, run_name=run_name, n_members=n_members)
-        self.sinks: list = []
         if sink_process and (tensorboard or wandb_mode != "disabled"):
             self.sinks = [SinkProcess(sink_args, plots=plot)]
         else:

@@ -32,7 +32,8 @@ one ``stop_at_return`` record per member, ``member_rows()`` (one metrics row per
 run row is the member's), ``member_agent(m)``, ``member_info(m)``, ``member_episode_summary(m)``,
 ``normalizer_state(m)``, ``weights_state(m)`` / ``roll_back(state, lr_factor, m)``, ``weights_finite()``.
 ``fastrl.run.members.MemberState`` gives a trainer these from its per-member tensors. ``stop_at_return`` waits for
-every member, each judged as its rollback guard is: on the periodic evaluation at a log step where one ran, else on its last-100-episode mean.
+every member, each judged as its rollback guard is: on the periodic evaluation at a log step where one ran, else on
+its last-100-episode mean.
 """
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
     IQM with a bootstrap 95% interval): for the last-100 training return and the final evaluation. Members of more
     than one variant: ``variants`` holds them per variant, over its seeds, and nothing is aggregated across
     variants."""
-    from fastrl.run.population import aggregate, variant_summaries
+    from fastrl.run.population import variant_summaries
     members = []
     for m in range(trainer.n_members):
         recent = trainer.member_episode_summary(m)
@@ -123,14 +124,10 @@ def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
                         "steps_to_return": reached[m][0] if reached[m] else None,
                         "time_to_return_s": reached[m][1] if reached[m] else None})
     out = {"n_members": trainer.n_members, "members": members}
-    variants = variant_summaries(members, seed=trainer.cfg.seed) if trainer.n_members > 1 else []
+    variants = variant_summaries(members, seed=trainer.cfg.seed)
     if len(variants) > 1:
         return {**out, "variants": variants}
-    for key in ("episode_return_mean", "eval_return_mean"):
-        values = [row[key] for row in members if row[key] is not None]
-        if values:
-            out[f"members_{key}"] = aggregate(values, seed=trainer.cfg.seed)
-    return out
+    return {**out, **{f"members_{key}": value for key, value in variants[0].items() if key.endswith("return_mean")}}
 
 
 def member_labels(trainer, m: int) -> dict:
@@ -231,8 +228,9 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
     last_log_time, last_log_step = start_time, trainer.global_step
     run_context = RunContext(trainer, run_dir, logger, dist_info.is_main, start_step, agent_type)
     stopped_by_callback = False
-    env_error = None  # the user's env raised: the run stops as a stop signal stops it, then the error is raised
-    callback_error = None  # a callback of the wrong signature: the run ends as a callback's False ends it, then raises
+    # Raised once the summary is written: the user's env raised (EnvError: the run stops as a stop signal stops it),
+    # or a callback has the wrong signature (CallbackError: the run ends as a callback's False ends it).
+    error = None
     try:
         while not trainer.finished() and stop["stop"] is None:
             try:
@@ -240,7 +238,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                     if not trainer.collect():
                         break
             except EnvError as e:
-                env_error = e
+                error = e
                 break
             except StopWhileWaiting:  # a stop signal ended a wait on the env: the iteration in progress is dropped
                 break
@@ -303,7 +301,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                 go_on = not callbacks or run_callbacks(
                     callbacks, {**_plain(metrics), **episode_metrics(trainer.episode_summary())}, run_context)
             except CallbackError as e:  # raised after the summary, as an env's error is
-                callback_error, go_on = e, False
+                error, go_on = e, False
             if not go_on:
                 stopped_by_callback = True
                 break
@@ -315,7 +313,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                    "episode_return_mean": final_episodes.get("episode_return_mean"),
                    "episodes": final_episodes.get("episodes", 0),
                    "iterations": trainer.iteration,
-                   "stopped_by_error": str(env_error or callback_error) if env_error or callback_error else None,
+                   "stopped_by_error": str(error) if error else None,
                    "stopped_by_callback": stopped_by_callback,
                    "resumed_from_step": start_step, "rollbacks": sum(guard.rollbacks for guard in guards),
                    "reached_return": threshold is not None,
@@ -330,12 +328,12 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
         summary["eval_return_mean"] = summary["eval_return_std"] = None
         member_eval = None
         if dist_info.is_main:
-            if cfg.eval_episodes and stop["stop"] is None and env_error is None:
+            if cfg.eval_episodes and stop["stop"] is None and not isinstance(error, EnvError):
                 member_eval = final_evaluation(trainer, normalizers, lambda: stop["stop"] is not None)
             if member_eval:
                 final_eval = evaluation_figures(member_eval)
-                summary["eval_return_mean"] = final_eval["eval/return_mean"]
-                summary["eval_return_std"] = final_eval["eval/return_std"]
+                summary.update(eval_return_mean=final_eval["eval/return_mean"],
+                               eval_return_std=final_eval["eval/return_std"])
                 if not several_variants:
                     logger.log(final_eval, trainer.global_step)  # the final evaluation reaches every sink too
                 if n_members > 1:
@@ -343,7 +341,7 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                         logger.log({**member_labels(trainer, m), "eval/return_mean": mean, "eval/return_std": std},
                                    trainer.global_step)
             logger.end_sinks()  # the last row: wandb's finish overlaps the videos, summary and plot
-            if cfg.capture_video and stop["stop"] is None and env_error is None:
+            if cfg.capture_video and stop["stop"] is None and not isinstance(error, EnvError):
                 v = cfg.video_member
                 record_videos(trainer.member_agent(v), trainer.members[v], normalizers[v], run_dir / "videos",
                               trainer.device)
@@ -360,8 +358,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
             (run_dir / "summary.json").write_text(strict_json(summary))
             if cfg.plot:
                 logger.write_plot(run_dir)  # never fails the run: a missing matplotlib is one warning line
-        if env_error is not None or callback_error is not None:
-            raise env_error or callback_error
+        if error is not None:
+            raise error
         return summary
     finally:
         pending = sys.exc_info()[1]

@@ -21,13 +21,11 @@ RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
 def read_rows(run_dir: str | Path) -> list[dict]:
     """The rows of ``run_dir/metrics.jsonl``; malformed lines (a torn last line of a killed run, bad bytes, a
     global_step that is no number) are skipped, and counted in one stderr line."""
-    from fastrl.run.metrics_file import parse_rows, report_skipped
+    from fastrl.run.runfiles import read_metrics
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{run_dir} holds no metrics.jsonl; pass run directories (runs/<run>)")
-    rows, skipped = parse_rows(path.read_bytes())
-    report_skipped(path, skipped, "fastrl plot")
-    return [row for _, row in rows]
+    return [row for _, row in read_metrics(path, "fastrl plot")[0]]
 
 
 def curves(rows: list[dict]) -> dict:
@@ -78,11 +76,8 @@ def member_bands(rows: list[dict]) -> dict:
 
 def _env_of(run_dir: Path) -> str:
     """The env a run trained on: its config.yaml's (written before its first metric), else "" (unknown)."""
-    from fastrl import bounded_yaml
-    try:
-        return str((bounded_yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("env") or "")
-    except (OSError, ValueError, AttributeError, bounded_yaml.yaml.YAMLError):
-        return ""
+    from fastrl.run.runfiles import read_record
+    return str(read_record(run_dir / "config.yaml").get("env") or "")
 
 
 def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) -> tuple[int, bool]:
@@ -94,13 +89,12 @@ def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) 
                 band_color = color if len(run_bands) == 1 else f"C{color_index % 10}"
                 color_index += len(run_bands) > 1
                 label = f"{name} {variant}".strip() + " (member mean, band: min-max)"
-                by_steps.plot([b[0] for b in band], [b[2] for b in band], color=band_color, lw=1.5, label=label)
-                by_steps.fill_between([b[0] for b in band], [b[3] for b in band], [b[4] for b in band],
-                                      color=band_color, alpha=0.2, lw=0)
-                if curve["timed"] and all(b[1] is not None for b in band):
-                    by_wall.plot([b[1] for b in band], [b[2] for b in band], color=band_color, lw=1.5)
-                    by_wall.fill_between([b[1] for b in band], [b[3] for b in band], [b[4] for b in band],
-                                         color=band_color, alpha=0.2, lw=0)
+                timed = curve["timed"] and all(b[1] is not None for b in band)
+                for ax, x in ((by_steps, 0), (by_wall, 1))[:1 + timed]:
+                    ax.plot([b[x] for b in band], [b[2] for b in band], color=band_color, lw=1.5,
+                            label=label if x == 0 else None)
+                    ax.fill_between([b[x] for b in band], [b[3] for b in band], [b[4] for b in band],
+                                    color=band_color, alpha=0.2, lw=0)
             continue  # its evaluation rows count all members' steps, not a member's: not drawn on these axes
         for ax, x in ((by_steps, 0), (by_wall, 1)):
             if x == 1 and not curve["timed"]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from fastrl.config import Config, UserError
 from fastrl.defaults import YAML_IGNORED
 from fastrl.distributed import torchrun
-from fastrl.run.runfiles import OWN_PATHS, clear_run, refuse_links
+from fastrl.run.runfiles import OWN_PATHS, clear_run, read_metrics, read_record, refuse_links
 
 LOCK_FILE = ".fastrl-lock"
 
@@ -137,17 +137,9 @@ def torchrun_job_key() -> str:
 def check_restart_owner(path: Path, cfg: Config) -> None:
     """A torchrun restart continues ``path`` only if that run is this job's: its saved config (seed included)
     must be ``cfg``."""
-    import yaml
-
-    from fastrl import bounded_yaml
-    saved_path = path / "config.yaml"
-    if not saved_path.is_file():
+    if not (path / "config.yaml").is_file():
         return  # the first attempt died before writing anything: nothing to mix up
-    try:
-        saved = bounded_yaml.safe_load(saved_path.read_text()) or {}
-    except (yaml.YAMLError, UnicodeDecodeError, OSError):
-        saved = {}
-    saved = saved if isinstance(saved, dict) else {}
+    saved = read_record(path / "config.yaml")
     differing = [k for k, v in cfg.to_dict().items() if k not in YAML_IGNORED and saved.get(k) != v]
     if differing:
         raise UserError(f"torchrun restart: run_dir {str(path)!r} holds another job's run (its config differs in "
@@ -266,9 +258,7 @@ def rewind_logs(run_dir: Path, step: int, drop_final_eval: bool = False) -> int:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return 0
-    from fastrl.run.metrics_file import parse_rows, report_skipped
-    rows, dropped = parse_rows(path.read_bytes())  # malformed rows (a torn last line from a kill -9) go
-    report_skipped(path, dropped, "fastrl")
+    rows, dropped = read_metrics(path, "fastrl")  # malformed rows (a torn last line from a kill -9) go
     kept = []
     for line, row in rows:
         row_step = row["global_step"]
@@ -297,13 +287,9 @@ def mark_running(run_dir: Path, step: int) -> None:
     segment never leaves the previous segment's summary describing a finished run. The run loop writes the real
     summary at the end; the previous one is kept under ``previous``."""
     from fastrl.run.storage import atomic_write
-    path = run_dir / "summary.json"
-    try:
-        previous = json.loads(path.read_text())
-    except (OSError, ValueError):
-        previous = None
-    marker = {"running": True, "pid": os.getpid(), "resumed_from_step": step, "previous": previous}
-    atomic_write(path, json.dumps(marker, indent=2).encode(), "the run summary")
+    marker = {"running": True, "pid": os.getpid(), "resumed_from_step": step,
+              "previous": read_record(run_dir / "summary.json") or None}
+    atomic_write(run_dir / "summary.json", json.dumps(marker, indent=2).encode(), "the run summary")
 
 
 def write_config(run_dir: Path, cfg: Config) -> None:

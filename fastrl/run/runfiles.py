@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import sys
 from pathlib import Path
 
 from fastrl.config import UserError
@@ -54,6 +56,44 @@ def read_manifest(run_dir: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return entries if isinstance(entries, dict) else None
+
+
+def read_record(path: Path) -> dict:
+    """A run's JSON or YAML file (``summary.json``, ``config.yaml``) as a mapping; {} when it is missing, unreadable
+    or not a mapping."""
+    from fastrl import bounded_yaml
+    try:
+        text = path.read_text()
+        value = json.loads(text) if path.suffix == ".json" else bounded_yaml.safe_load(text)
+    except (OSError, ValueError, bounded_yaml.yaml.YAMLError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def read_metrics(path: Path, who: str) -> tuple[list[tuple[str, dict]], int]:
+    """``metrics.jsonl`` read back (by ``fastrl plot`` and by a resume's rewind) as ``([(line, row), ...], skipped)``:
+    one JSON object per line with a numeric ``global_step``, in order. A malformed line (not UTF-8, not JSON, not an
+    object, a ``global_step`` that is not a number, a torn last line from a kill) is skipped and counted, never a
+    traceback; ``who`` says how many in one stderr line."""
+    rows, skipped = [], 0
+    for raw in path.read_bytes().splitlines():
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+            row = json.loads(line)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            skipped += 1
+            continue
+        step = row.get("global_step") if isinstance(row, dict) else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
+            skipped += 1
+            continue
+        rows.append((line, row))
+    if skipped:
+        print(f"{who}: note: skipped {skipped} malformed row{'s' * (skipped != 1)} of {path} (not UTF-8, not JSON, or "
+              "no numeric global_step)", file=sys.stderr)
+    return rows, skipped
 
 
 class RunFiles:

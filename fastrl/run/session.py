@@ -7,7 +7,6 @@ writes the run directory, and gradients are averaged across ranks once per minib
 """
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from fastrl.config import Config, UserError
@@ -21,12 +20,10 @@ if TYPE_CHECKING:
 
 def _finished_summary(run_dir) -> bool:
     """Whether ``run_dir``'s summary.json describes a segment that ran its whole budget."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return False
+    from fastrl.run.runfiles import read_record
+    summary = read_record(run_dir / "summary.json")
     stops = ("running", "stopped_by_signal", "stopped_by_error", "stopped_by_callback", "reached_return")
-    return isinstance(summary, dict) and not any(summary.get(key) for key in stops)
+    return bool(summary) and not any(summary.get(key) for key in stops)
 
 
 def _load_resume_state(trainer, state: dict, run_dir) -> None:

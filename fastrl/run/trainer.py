@@ -344,10 +344,7 @@ class Trainer(MemberState):
         """Each member's GAE, then every member's minibatch steps at once. Returns 0-d metrics (means over members;
         ``member_rows`` has each member's)."""
         if self.iteration_call is not None:  # collect() ran the whole iteration
-            metrics = self._iteration_metrics
-            per_member = {f"losses/{key}": value for key, value in metrics.items() if key != "explained_variance"}
-            per_member["losses/explained_variance"] = metrics["explained_variance"]
-            return self._finish_update(per_member)
+            return self._finish_update({f"losses/{key}": value for key, value in self._iteration_metrics.items()})
         self._set_hyperparameters()
         with self.timer.section("update"), skip_guards(self._warm_compiled()), torch_threads(self.update_threads):
             batch = self.buffer.to(self.device, non_blocking=True) if self.device.type != "cpu" else self.buffer
@@ -456,9 +453,8 @@ class Trainer(MemberState):
         self.env.load_state_dict(state, m)
 
     def summary_extras(self) -> dict:
-        out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode, "compiled": self.plan.to_dict()}
-        out["compiled"]["rollout"] = self.rollout_mode
-        out["compiled"]["step_path"] = self.update_fn.path
+        out = {"n_envs_per_rank": self.n_envs, "env_mode": self.env_mode,
+               "compiled": {**self.plan.to_dict(), "rollout": self.rollout_mode, "step_path": self.update_fn.path}}
         if self.n_members > 1:
             out.update(n_envs_per_member=self.n_envs, n_members=self.n_members)
         return out
