@@ -242,14 +242,12 @@ class ActorLearnerTrainer(MemberState):
     def member_stats(self, m: int = 0) -> EpisodeStats:
         return self.episodes
 
-    def normalizer_state(self, m: int = 0) -> None:
-        return None  # observation/reward normalization is refused for impala/appo (config.validate)
-
-    def saved_normalizer(self, m: int = 0) -> dict:
-        """Identity statistics, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work)."""
+    def normalizer_state(self, m: int = 0) -> dict:
+        """Identity statistics, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work): observation and
+        reward normalization are refused for impala/appo (config.validate)."""
         return {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
 
-    def load_normalizer(self, state: dict | None, m: int = 0) -> None:
+    def load_normalizer(self, state: dict, m: int = 0) -> None:
         pass
 
     def summary_extras(self) -> dict:

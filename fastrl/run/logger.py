@@ -466,9 +466,8 @@ class RunLogger(NullLogger):
     def write_plot(self, run_dir: Path) -> None:
         """``run_dir/learning_curve.png`` from the run's files as they are now: drawn by the sink process (which
         imported matplotlib while the run trained) when there is one, and ``close`` waits for it; else here."""
-        processes = [sink for sink in self.sinks if isinstance(sink, SinkProcess)]
-        if processes:
-            processes[0].plot(run_dir)
+        if self.sinks and isinstance(self.sinks[0], SinkProcess):  # then the only sink
+            self.sinks[0].plot(run_dir)
         else:
             super().write_plot(run_dir)
 

@@ -22,7 +22,7 @@ The trainer interface:
 - ``finished()``; ``collect() -> bool`` (False: interrupted by a stop while waiting); ``update() -> dict`` of 0-d
   tensors, with ``losses/nonfinite_updates``; ``log_extras() -> dict`` (per-interval diagnostics);
   ``episode_summary() -> dict`` (last-100-episode figures: ``episode_return_mean``, ``episode_length_mean``,
-  ``episode_window_full``, ``episodes``); ``normalizer_state()`` (for evaluation envs, or None);
+  ``episode_window_full``, ``episodes``); ``normalizer_state()`` (for evaluation envs);
   ``state_dict()`` / ``load_state_dict()``; ``weights_state()`` / ``roll_back(state, lr_factor)``;
   ``summary_extras() -> dict``; ``close()`` (idempotent).
 

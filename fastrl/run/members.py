@@ -15,7 +15,6 @@ from fastrl.config import UserError
 from fastrl.learn.optim import load_optimizer_state_dict, optimizer_state_dict
 from fastrl.learn.update import copy_weights
 from fastrl.run.checkpoint import env_spaces, load_rng_state, rng_state
-from fastrl.run.population import member_hyperparameters
 
 
 class MemberState:
@@ -48,9 +47,10 @@ class MemberState:
         return self.member_stats(m).summary()
 
     def member_info(self, m: int = 0) -> dict:
+        """Member m's index, seed and ``hyperparameters``: what ``--vary`` set for it (empty for plain seeds)."""
         member = self.members[m]
         return {"member": m, "seed": member.seed,
-                "hyperparameters": member_hyperparameters(member, self.cfg, self.varied_keys)}
+                "hyperparameters": {key: getattr(member, key) for key in self.varied_keys}}
 
     def member_rows(self) -> list[dict]:
         """One metrics row per member (``member``, ``seed``, ``variant``, ``member_step``, what ``--vary`` set, its
@@ -64,10 +64,6 @@ class MemberState:
                  **{key: value[m].item() for key, value in self._member_metrics.items()}}
                 for m in range(self.n_members)]
 
-    def saved_normalizer(self, m: int) -> dict:
-        """Member m's checkpoint ``normalizer`` entry."""
-        return self.normalizer_state(m)
-
     def member_state(self, m: int) -> dict:
         """Member m's checkpoint: weights, optimizer (torch.optim's format), counters, config, normalizer, episode
         statistics, RNG states and the env's spaces. A single run's checkpoint is its one member's."""
@@ -80,7 +76,7 @@ class MemberState:
             rng["action"] = self.action_generators[m].get_state()
         out = {"model": copy.deepcopy(self.member_agent(m).state_dict()), "optimizer": optimizer,
                "global_step": self.global_step // self.n_members, "iteration": self.iteration,
-               "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.saved_normalizer(m),
+               "lr_scale": self.lr_scales[m], "config": member.to_dict(), "normalizer": self.normalizer_state(m),
                "episode_stats": self.member_stats(m).state_dict(), "rng": rng, "spaces": env_spaces(member)}
         if "loss_scale" in self.opt_state:
             out["loss_scale"] = {"loss_scale": self.opt_state["loss_scale"][m].clone(),

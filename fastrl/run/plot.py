@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fastrl.config import UserError, brief
 from fastrl.errors import first_line
+from fastrl.run.runfiles import read_metrics, read_record
 
 # The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
 RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
@@ -21,7 +22,6 @@ RETURN_KEYS = ("charts/episodic_return", "episode_return_mean")
 def read_rows(run_dir: str | Path) -> list[dict]:
     """The rows of ``run_dir/metrics.jsonl``; malformed lines (a torn last line of a killed run, bad bytes, a
     global_step that is no number) are skipped, and counted in one stderr line."""
-    from fastrl.run.runfiles import read_metrics
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{run_dir} holds no metrics.jsonl; pass run directories (runs/<run>)")
@@ -74,12 +74,6 @@ def member_bands(rows: list[dict]) -> dict:
     return bands
 
 
-def _env_of(run_dir: Path) -> str:
-    """The env a run trained on: its config.yaml's (written before its first metric), else "" (unknown)."""
-    from fastrl.run.runfiles import read_record
-    return str(read_record(run_dir / "config.yaml").get("env") or "")
-
-
 def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) -> tuple[int, bool]:
     """Draw runs on one pair of axes. Returns the next free colour index and whether evaluation points were drawn."""
     drew_eval = False
@@ -124,9 +118,9 @@ def learning_curve_figure(run_dirs: list[str | Path]):
     names = [p.name for p in run_dirs]  # each run's directory name; their paths where two share one (a/run and b/run)
     names = [str(p) for p in run_dirs] if len(set(names)) < len(names) else names
     colors = [f"C{i % 10}" for i in range(len(run_dirs))]
-    groups: dict = {}
+    groups: dict = {}  # per env (its config.yaml's, written before the first metric; "": unknown), its runs
     for i, run_dir in enumerate(run_dirs):
-        groups.setdefault(_env_of(run_dir), []).append(i)
+        groups.setdefault(str(read_record(run_dir / "config.yaml").get("env") or ""), []).append(i)
     fig = Figure(figsize=(12, 4.5 * len(groups)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(groups), 2, sharey="row", squeeze=False)

@@ -5,7 +5,7 @@ the run state, and a single run is K = 1. This module holds what is particular t
 
 - ``member_configs(cfg)``: the grid of every ``vary`` combination, each repeated ``n_seeds`` times; member ``m`` runs
   with seed ``cfg.seed + m`` and its variant's values, and equals the single run of that config.
-- ``member_hyperparameters`` / ``variant_name``: what ``--vary`` set for a member, and its label.
+- ``variant_name``: the label of what ``--vary`` set for a member (``MemberState.member_info``).
 - ``members_record``: what each member ran (``members.yaml`` beside a population's ``config.yaml``).
 - ``aggregate`` / ``interquartile_mean``: the members' final figures as rliable reports a score over runs;
   ``variant_summaries``: the same per variant (over its seeds), never across variants.
@@ -45,11 +45,6 @@ def varied_keys(cfg: Config, members: list[Config]) -> list[str]:
     if cfg.vary:
         return list(cfg.vary)
     return [key for key in VARY_KEYS if any(getattr(m, key) != getattr(cfg, key) for m in members)]
-
-
-def member_hyperparameters(member: Config, cfg: Config, keys=None) -> dict:
-    """What ``--vary`` (or ``keys``) set for this member (empty for plain seeds)."""
-    return {key: getattr(member, key) for key in (cfg.vary if keys is None else keys)}
 
 
 def variant_name(hyperparameters: dict) -> str:

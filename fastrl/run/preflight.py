@@ -28,6 +28,7 @@ from fastrl.config import Config, UserError
 from fastrl.defaults import ACTOR_LEARNER_ALGOS
 from fastrl.envs.batched import probe_env
 from fastrl.run.footprint import check_run_memory
+from fastrl.run.threads import rank_n_envs
 
 _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
@@ -71,13 +72,10 @@ def check_launch(cfg: Config, world_size: int) -> None:
     if cfg.algo in ACTOR_LEARNER_ALGOS:  # Ray actors too: one learner, the Ray driver, on one device
         raise UserError(f"{cfg.algo} runs its own actor processes (local or Ray) and one learner, with no DDP across "
                         "GPUs: launch it with python, not torchrun")
-    if cfg.per_rank:
-        rank_envs = cfg.n_envs
-    else:
-        if cfg.n_envs % world_size:
-            raise UserError(f"n_envs={cfg.n_envs} does not split evenly across {world_size} torchrun ranks: make "
-                            f"n_envs a multiple of {world_size}, or pass --per-rank true (n_envs per rank)")
-        rank_envs = cfg.n_envs // world_size
+    if not cfg.per_rank and cfg.n_envs % world_size:
+        raise UserError(f"n_envs={cfg.n_envs} does not split evenly across {world_size} torchrun ranks: make "
+                        f"n_envs a multiple of {world_size}, or pass --per-rank true (n_envs per rank)")
+    rank_envs = rank_n_envs(cfg, world_size)
     rank_batch = rank_envs * cfg.n_steps
     if rank_batch % cfg.n_minibatches:
         raise UserError(f"each of the {world_size} torchrun ranks collects {rank_envs} envs x {cfg.n_steps} steps = "

@@ -25,6 +25,7 @@ from fastrl.config import Config, UserError
 from fastrl.defaults import YAML_IGNORED
 from fastrl.distributed import torchrun
 from fastrl.run.runfiles import OWN_PATHS, clear_run, read_metrics, read_record, refuse_links
+from fastrl.run.storage import atomic_write
 
 LOCK_FILE = ".fastrl-lock"
 
@@ -267,7 +268,6 @@ def rewind_logs(run_dir: Path, step: int, drop_final_eval: bool = False) -> int:
         else:
             kept.append(line)
     if dropped:
-        from fastrl.run.storage import atomic_write
         atomic_write(path, "".join(line + "\n" for line in kept).encode(), "the rewound metrics",
                      " (the run's files are as they were)")
     return dropped
@@ -286,7 +286,6 @@ def mark_running(run_dir: Path, step: int) -> None:
     """Replace summary.json by a marker saying a resumed segment is running (from ``step``), so a crash of this
     segment never leaves the previous segment's summary describing a finished run. The run loop writes the real
     summary at the end; the previous one is kept under ``previous``."""
-    from fastrl.run.storage import atomic_write
     marker = {"running": True, "pid": os.getpid(), "resumed_from_step": step,
               "previous": read_record(run_dir / "summary.json") or None}
     atomic_write(run_dir / "summary.json", json.dumps(marker, indent=2).encode(), "the run summary")
