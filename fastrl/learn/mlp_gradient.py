@@ -28,15 +28,12 @@ scaling). Anything else takes the autograd path.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from fastrl.kernels.losses import ADV_EPS
-from fastrl.learn.models import GSDE_EPSILON, ActorCritic
+from fastrl.learn.models import GSDE_EPSILON, LOG_SQRT_2PI, ActorCritic
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
 
@@ -134,22 +131,18 @@ class MembersMLPGradient:
             probs = log_probs.exp()
             logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(probs * log_probs).sum(-1)
-        elif self.sde:
-            # gSDE: each row's variance latent^2 @ std^2 (+ eps), the latent taken as a constant.
-            std_sq = views[self.log_std].exp().square()  # [K, L, A]
-            latent_sq = actor[-1].square()  # [K, B, L]
-            variance = torch.bmm(latent_sq, std_sq) + GSDE_EPSILON  # [K, B, A]
-            row_log_std = 0.5 * torch.log(variance)
+        else:
+            if self.sde:  # gSDE: each row's variance latent^2 @ std^2 (+ eps), the latent taken as a constant
+                std_sq = views[self.log_std].exp().square()  # [K, L, A]
+                latent_sq = actor[-1].square()  # [K, B, L]
+                variance = torch.bmm(latent_sq, std_sq) + GSDE_EPSILON  # [K, B, A]
+                row_log_std = 0.5 * torch.log(variance)
+            else:
+                row_log_std = views[self.log_std].unsqueeze(1)  # [K, 1, A]: every row's
             inv_std = torch.exp(-row_log_std)
             z = (action.reshape(k, b, -1) - out) * inv_std
-            logp = (-0.5 * z.square() - row_log_std - _LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + _LOG_SQRT_2PI + row_log_std).sum(-1)
-        else:
-            log_std = views[self.log_std]  # [K, A]
-            inv_std = torch.exp(-log_std).unsqueeze(1)
-            z = (action.reshape(k, b, -1) - out) * inv_std
-            logp = (-0.5 * z.square() - log_std.unsqueeze(1) - _LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1, keepdim=True).expand(k, b)
+            logp = (-0.5 * z.square() - row_log_std - LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + LOG_SQRT_2PI + row_log_std).sum(-1).expand(k, b)
 
         # The loss (kernels.ppo_loss / pg_loss's formulas) and its gradient with respect to logp, entropy and value.
         live = valid.bool()
