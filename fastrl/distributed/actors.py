@@ -283,8 +283,7 @@ class RolloutCollector:
                     t0 = time.perf_counter()
                     if sequence:
                         views.episode_start[t].copy_(sequence[1])
-                    action, logp, _, value, *state = agent.get_action_and_value(obs, *((None, None, *sequence)
-                                                                                       if sequence else ()))
+                    action, logp, _, value, *state = agent.get_action_and_value(obs, None, None, *sequence)
                     views.write_policy(t, obs, action, logp, value)
                     t1 = time.perf_counter()
                     step = env.step(action)
@@ -300,8 +299,7 @@ class RolloutCollector:
                 self.sequence = sequence
         bootstrap_observation.copy_(obs)
         self.obs = obs
-        finished = copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length)
-        return finished, policy_s, env_s
+        return copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length), policy_s, env_s
 
     def close(self) -> None:
         self.env.close()

@@ -120,8 +120,8 @@ class RolloutWorker:
         idle_s = 0.0 if self.last_return is None else max(0.0, start - self.last_return)
         self.last_return = time.perf_counter()
         return {"data": self.data, "bootstrap_observation": slot.bootstrap_observation[0].numpy(),
-                "episode_return": slot.episode_return[0, :kept].numpy(), "episode_length": slot.episode_length[0, :kept].numpy(),
-                "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
+                "episode_return": slot.episode_return[0, :kept].numpy(),
+                "episode_length": slot.episode_length[0, :kept].numpy(), "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
                 **self.identity}
 
 
@@ -242,9 +242,7 @@ class RayActorPool:
         self.handles[actor_id] = self._remote.remote(self.cfg, actor_id, self.created[actor_id])
         self.created[actor_id] += 1
         self.produced[actor_id] = False
-        self.last_progress[actor_id] = time.monotonic()
-        if self.weights is not None:
-            self.handles[actor_id].set_weights.remote(self.weights[0], [self.weights[1]])
+        self.last_progress[actor_id] = time.monotonic()  # its first rollout call carries the newest weights
 
     def start(self) -> None:
         self._connect()

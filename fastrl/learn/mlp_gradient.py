@@ -67,12 +67,11 @@ class MembersMLPGradient:
         self.discrete, self.shared, self.sde = agent.discrete, agent.shared_trunk, agent.use_sde
         index = layout.index_of
 
-        def indexed(layers):
-            return [(index[id(linear.weight)], index[id(linear.bias)], act) for linear, act in layers]
-        self.actor = indexed(_trunk_layers(agent.actor_trunk))
-        self.critic = self.actor if self.shared else indexed(_trunk_layers(agent.critic_trunk))
-        self.policy_head = (index[id(agent.policy_head.weight)], index[id(agent.policy_head.bias)])
-        self.value_head = (index[id(agent.value_head.weight)], index[id(agent.value_head.bias)])
+        def indexed(linear: nn.Linear, act: str | None = None) -> tuple:  # (weight's index, bias's, activation)
+            return index[id(linear.weight)], index[id(linear.bias)], act
+        self.actor = [indexed(*layer) for layer in _trunk_layers(agent.actor_trunk)]
+        self.critic = self.actor if self.shared else [indexed(*layer) for layer in _trunk_layers(agent.critic_trunk)]
+        self.policy_head, self.value_head = indexed(agent.policy_head), indexed(agent.value_head)
         self.log_std = None if self.discrete else index[id(agent.log_std)]
         self._prepared_for, self._prepared = None, None
 
@@ -82,8 +81,7 @@ class MembersMLPGradient:
         weights in place, so the views stay current (about 40 us of view ops a step otherwise)."""
         if self._prepared_for is not params:
             views = self.layout.member_views(params)
-            layers = [*self.actor, *([] if self.shared else self.critic), (*self.policy_head, None),
-                      (*self.value_head, None)]
+            layers = [*self.actor, *([] if self.shared else self.critic), self.policy_head, self.value_head]
             self._prepared = (views, {w: views[w].transpose(1, 2) for w, _, _ in layers},
                               {b: views[b].unsqueeze(1) for _, b, _ in layers})
             self._prepared_for = params
@@ -120,8 +118,8 @@ class MembersMLPGradient:
         x = self.layout.agent.trunk_input(observation.reshape(k, b, -1))
         actor = self._forward(transposed, rows, self.actor, x)
         critic = actor if self.shared else self._forward(transposed, rows, self.critic, x)
-        pw, pb = self.policy_head
-        vw, vb = self.value_head
+        pw, pb, _ = self.policy_head
+        vw, vb, _ = self.value_head
         out = torch.baddbmm(rows[pb], actor[-1], transposed[pw])  # [K, B, A]
         value = torch.baddbmm(rows[vb], critic[-1], transposed[vw]).squeeze(-1)  # [K, B]
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastrl.config import UserError
 from fastrl.envs.registry import is_procgen
 from fastrl.envs.spaces import ActionSpec
 from fastrl.kernels.recurrent import lstm_sequence
@@ -260,7 +261,6 @@ class ActorCritic(ActorCriticHeads):
                  use_sde: bool = False, one_hot: tuple | None = None, mask_width: int = 0):
         super().__init__()
         if use_sde and action_spec.kind == "discrete":
-            from fastrl.config import UserError
             raise UserError("use_sde (gSDE) is for continuous actions, and this env's are discrete: drop use_sde")
         self.one_hot = OneHot(*one_hot) if one_hot else None
         self.mask_width = mask_width
@@ -441,8 +441,7 @@ class DictActorCritic(ActorCriticHeads):
             if part.mask:
                 continue
             if part.image:
-                image = chunk.view(-1, *part.shape) * part.scale
-                pieces.append(self.images[part.key](image))
+                pieces.append(self.images[part.key](chunk.view(-1, *part.shape) * part.scale))
             else:
                 vectors.append(self.one_hots[part.key](chunk) if part.one_hot else chunk)
         if vectors:
@@ -456,7 +455,6 @@ CORES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
 
 def check_recurrent(cfg) -> None:
     """One-line UserErrors for what a recurrent policy does not cover."""
-    from fastrl.config import UserError
     if getattr(cfg, "use_sde", False) or getattr(cfg, "policy", ""):
         raise UserError(f"recurrent={cfg.recurrent} builds fastrl's own policy without gSDE: drop use_sde and policy, "
                         "or use --recurrent none")
@@ -471,12 +469,10 @@ class RecurrentActorCritic(nn.Module):
     def __init__(self, base: nn.Module, kind: str, size: int):
         super().__init__()
         if getattr(base, "mask_width", 0):
-            from fastrl.config import UserError
             raise UserError("recurrent policies do not take action masks yet: drop --recurrent, or the env's "
                             "action_mask / action_masks()")
         self.base, self.kind, self.hidden_size = base, kind, size
-        width = base.policy_head.in_features
-        self.core = CORES[kind](width, size)
+        self.core = CORES[kind](base.policy_head.in_features, size)
         for name, param in self.core.named_parameters():  # CleanRL's LSTM init: orthogonal weights, zero biases
             nn.init.orthogonal_(param) if name.startswith("weight") else nn.init.zeros_(param)
         base.policy_head = orthogonal_init(nn.Linear(size, base.policy_head.out_features), gain=0.01)
@@ -551,7 +547,6 @@ def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
     ``cls(obs_shape, action_spec, cfg)``; any other object is refused before it is called."""
     import inspect
 
-    from fastrl.config import UserError
     from fastrl.names import resolve_name
     cls = resolve_name(cfg.policy, "policy")
     expected = "an nn.Module class built as cls(observation_shape, action_spec, config)"
@@ -575,7 +570,6 @@ def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float 
         check_recurrent(cfg)
     if getattr(cfg, "policy", ""):
         if getattr(cfg, "use_sde", False):
-            from fastrl.config import UserError
             raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
                             "use_sde, or give your class its own exploration")
         return custom_policy(cfg, obs_shape, action_spec)
@@ -608,7 +602,6 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
                                                                   getattr(cfg, "env", ""))
     use_sde = getattr(cfg, "use_sde", False)
     if use_sde and encoder != "mlp":
-        from fastrl.config import UserError
         raise UserError(f"use_sde (gSDE) needs the MLP policy over flat observations, and this env's observations use "
                         f"the {encoder} encoder: drop use_sde")
     if layout is not None:

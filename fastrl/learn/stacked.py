@@ -228,8 +228,8 @@ class MemberPolicy:
         with self.autocast():
             if self.n_members == 1:
                 return self.agent.get_action_and_value(obs, action, noise, *carry)
-            out = self.layout.call_members("get_action_and_value", self.params, *self._split(obs, action, noise, *carry),
-                                           views=self._eager_views())
+            out = self.layout.call_members("get_action_and_value", self.params,
+                                           *self._split(obs, action, noise, *carry), views=self._eager_views())
         return tuple(None if x is None else x.reshape(-1, *x.shape[2:]) for x in out)
 
     def get_value(self, obs: torch.Tensor, *carry) -> torch.Tensor:

@@ -198,14 +198,14 @@ class Update:
         """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (or a
         list of one tensor per parameter, see ``FlatLayout.call``; None: the weights of ``eager_agent``, bound to the
         same flat tensor)."""
-        observation, action = minibatch[:2]
         with self.autocast():
-            if params is None:
-                out = self.eager_agent.get_action_and_value(observation, action, None, *self.sequences(minibatch))
-            else:
-                out = self.layout.call("get_action_and_value", params, observation, action, None,
-                                       *self.sequences(minibatch))
+            out = self.policy(params)(*minibatch[:2], None, *self.sequences(minibatch))
         return self.loss_of(*out[1:4], minibatch, hparams)
+
+    def policy(self, params):
+        """``get_action_and_value`` at the weights ``params`` (the module path: ``eager_agent``'s, bound to them)."""
+        return (self.eager_agent.get_action_and_value if self.path == "module"
+                else partial(self.layout.call, "get_action_and_value", params))
 
     def sequences(self, minibatch: tuple) -> tuple:
         """A recurrent policy's ``(state [..., B, S], episode_start [..., T * B])`` for its minibatch of B whole
@@ -255,17 +255,16 @@ class Update:
         observation, bootstrap_observation, action = minibatch[:3]
         sequence = self.learner_sequence(minibatch)
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
-        if self.path == "module":
-            def module_loss():
-                target_logp, entropy, value = learner_forward(self.eager_agent.get_action_and_value, observation,
-                                                              bootstrap_observation, action, self.autocast, sequence)
-                targets = self.vtrace_targets_of(target_logp, value, minibatch)
-                return self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
-            return self._module_gradient(module_loss)
 
         def forward(views):
-            return learner_forward(partial(self.layout.call, "get_action_and_value", views), observation,
-                                   bootstrap_observation, action, self.autocast, sequence)
+            return learner_forward(self.policy(views), observation, bootstrap_observation, action, self.autocast,
+                                   sequence)
+        if self.path == "module":
+            def module_loss():
+                outputs = forward(params)
+                targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
+                return self.vtrace_loss_of(*outputs, targets, minibatch, hparams)
+            return self._module_gradient(module_loss)
         # With respect to each parameter's view, concatenated after (``FlatLayout.flat_gradient``), as ``gradient``.
         outputs, pullback = vjp(forward, self.layout.views(params))
         targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
@@ -454,17 +453,15 @@ class Update:
         """``(inputs, stats)``: the loss inputs of ``batch`` in the order the steps take them. APPO's are V-trace's
         ``LOSS_KEYS`` rows ``[T * N]`` from the weights ``params`` before the update, with the batch's V-trace
         statistics."""
-        if self.spec.algo == "impala":
-            return tuple(batch[key] for key in self.spec.learner_keys), {}
-        if self.spec.algo != "appo":
+        if not self.spec.vtrace:
             return tuple(batch[key] for key in self.spec.loss_keys), {}
         learner_inputs = tuple(batch[key] for key in self.spec.learner_keys)
+        if self.spec.algo == "impala":
+            return learner_inputs, {}
         observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
-        policy = (self.eager_agent.get_action_and_value if self.path == "module"
-                  else partial(self.layout.call, "get_action_and_value", params))
         with torch.no_grad():
-            target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast,
-                                                    self.learner_sequence(learner_inputs))
+            target_logp, _, value = learner_forward(self.policy(params), observation, bootstrap_observation, action,
+                                                    self.autocast, self.learner_sequence(learner_inputs))
         vs, pg_advantage, stats = self.vtrace_targets_of(target_logp, value, learner_inputs)
         stats["explained_variance"] = explained_variance(value[:-1], vs, valid.float())
         rows = {"observation": observation, "action": action, "sample_log_prob": behavior_logp,
