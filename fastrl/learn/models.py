@@ -221,14 +221,14 @@ class ActorCriticHeads(nn.Module):
         actor, critic = self._actor_critic(obs)
         out = run_mlp(self.policy_head, actor)
         value = run_mlp(self.value_head, critic).squeeze(-1).float()
-        if self.use_sde:
+        log_std, exploration = getattr(self, "log_std", None), None
+        if self.use_sde:  # continuous actions: no mask
             if action is None and noise is None:
                 noise = torch.randn(actor.shape[0], self.noise_width, device=actor.device)
             log_std, exploration = gsde_distribution(actor, self.log_std, None if action is not None else noise)
-            action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, None, exploration)
-            return action, logp, entropy, value
-        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise, mask=action_mask(obs.flatten(1), self.mask_width))
+            noise = None
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, noise, exploration,
+                                                    action_mask(obs.flatten(1), self.mask_width))
         return action, logp, entropy, value
 
     @torch.no_grad()
