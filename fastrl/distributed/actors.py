@@ -146,12 +146,10 @@ class SlotRing(_NumpyViews):
 
     def reclaim(self, actor_id: int) -> int:
         """Free a dead actor's half-written slots (its full ones are still good data). Returns how many."""
-        n = 0
-        for slot in self.owned(actor_id):
-            if self.state_np[slot] == FILLING:
-                self.state_np[slot] = FREE
-                n += 1
-        return n
+        owned = self.state_np[actor_id * self.per_actor:(actor_id + 1) * self.per_actor]  # a view
+        filling = owned == FILLING
+        owned[filling] = FREE
+        return int(filling.sum())
 
 
 def _flat_tensors(agent) -> list:
@@ -285,8 +283,7 @@ class RolloutCollector:
                     t0 = time.perf_counter()
                     if sequence:
                         views.episode_start[t].copy_(sequence[1])
-                    action, logp, _, value, *state = agent.get_action_and_value(obs, *((None, None, *sequence)
-                                                                                       if sequence else ()))
+                    action, logp, _, value, *state = agent.get_action_and_value(obs, None, None, *sequence)
                     views.write_policy(t, obs, action, logp, value)
                     t1 = time.perf_counter()
                     step = env.step(action)
@@ -302,8 +299,7 @@ class RolloutCollector:
                 self.sequence = sequence
         bootstrap_observation.copy_(obs)
         self.obs = obs
-        finished = copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length)
-        return finished, policy_s, env_s
+        return copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length), policy_s, env_s
 
     def close(self) -> None:
         self.env.close()
@@ -431,9 +427,9 @@ class ActorPool:
                 hung = now - beats[actor_id] > self.cfg.actor_timeout_s
             else:  # still starting: a fresh interpreter imports torch and builds its env (seconds, more under load)
                 hung = now - self.started_at[actor_id] > max(self.cfg.actor_timeout_s, STARTUP_GRACE_S)
-            hung = hung and proc.exitcode is None
             if proc.exitcode is None and not hung:
                 continue
+            hung = proc.exitcode is None
             if hung:
                 proc.kill()  # SIGKILL ends a stopped (SIGSTOP) process too
                 self.hung_restarts += 1
@@ -474,13 +470,11 @@ class ActorPool:
         """Ask every actor to stop, wait up to ``timeout_s``, then terminate and finally kill stragglers."""
         self.board.control_np[STOP] = 1
         deadline = time.monotonic() + timeout_s
-        for proc in self.procs:
-            if proc is not None:
-                proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc is not None and proc.exitcode is None:
-                proc.terminate()
-                proc.join(1.0)
-            if proc is not None and proc.exitcode is None:
-                proc.kill()
-                proc.join(1.0)
+        procs = [proc for proc in self.procs if proc is not None]
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            for end in (proc.terminate, proc.kill):
+                if proc.exitcode is None:
+                    end()
+                    proc.join(1.0)

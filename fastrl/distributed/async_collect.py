@@ -28,6 +28,9 @@ from typing import Callable, NamedTuple
 import numpy as np
 import torch
 
+# The fields of a rollout row that an env step writes (``EnvStep``'s and ``RolloutViews``' names alike).
+ENV_FIELDS = ("reward", "done", "terminated", "truncated", "valid")
+
 
 class RolloutViews(NamedTuple):
     """The ``[T, N]`` tensors a rollout writes (views into a buffer; see ``fastrl.envs.buffers``); a recurrent
@@ -61,11 +64,8 @@ class RolloutViews(NamedTuple):
 
     def write_env(self, t: int, step) -> None:
         """Row ``t``'s env side from an ``EnvStep``: reward and the done / terminated / truncated / valid flags."""
-        self.reward[t].copy_(step.reward)
-        self.done[t].copy_(step.done)
-        self.terminated[t].copy_(step.terminated)
-        self.truncated[t].copy_(step.truncated)
-        self.valid[t].copy_(step.valid)
+        for name in ENV_FIELDS:
+            getattr(self, name)[t].copy_(getattr(step, name))
 
 
 class Timer:
@@ -140,11 +140,8 @@ class GroupedRollout:
                 on_recv()
             groups = self.group_of_env[step.env_ids]
             index = (torch.from_numpy(step_of_group[groups]), torch.from_numpy(step.env_ids))
-            views.reward.index_put_(index, step.reward)
-            views.terminated.index_put_(index, step.terminated)
-            views.truncated.index_put_(index, step.truncated)
-            views.done.index_put_(index, step.done)
-            views.valid.index_put_(index, step.valid)
+            for name in ENV_FIELDS:
+                getattr(views, name).index_put_(index, getattr(step, name))
             pending.index_copy_(0, index[1], step.observation)
             arrived += np.bincount(groups, minlength=self.n_groups)
             for group in np.flatnonzero(arrived == size).tolist():  # whole groups: at most n_groups per recv

@@ -45,7 +45,6 @@ from fastrl.errors import first_line
 from fastrl.distributed.actors import (A_BEAT, A_ENV, A_POLICY, A_ROLLOUTS, A_STEPS, A_WAIT, STARTUP_GRACE_S,
                                        RolloutCollector, SlotRing, flat_weights, load_flat_weights)
 from fastrl.distributed.async_collect import RolloutViews
-from fastrl.envs.buffers import make_rollout_buffer
 
 INSTALL_HINT = 'pip install "fastrl[ray]"'
 HEALTH_EVERY_S = 0.2
@@ -75,11 +74,6 @@ def check_ray(cfg: Config) -> None:
                         "ray start --head, or pass --ray-address auto") from None
 
 
-# The rollout keys an actor sends, as the ring's TensorDict nests them.
-ROLLOUT_KEYS = ("observation", "action", "sample_log_prob", "state_value", "valid", ("next", "reward"),
-                ("next", "done"), ("next", "terminated"), ("next", "truncated"), ("next", "state_value"))
-
-
 class RolloutWorker:
     """The body of one Ray actor (``ray.remote`` is applied by the pool, so this module imports without Ray).
 
@@ -93,17 +87,13 @@ class RolloutWorker:
         # A Ray restart re-runs this with the same arguments: its envs get seeds of their own all the same.
         restart = restart + (1 + os.getpid() % 10_000) * 1_000 if reconstructed else restart
         self.collector = RolloutCollector(cfg, actor_id, restart)
-        env = self.collector.env
-        recurrent = self.collector.sequence  # a recurrent policy's rollout ships its start state and episode starts
-        buffer = make_rollout_buffer(cfg.n_steps, cfg.n_envs_per_actor, env.observation_shape, env.observation_dtype,
-                                     env.action_spec, state_size=recurrent[0].shape[-1] if recurrent else 0)
-        self.views = RolloutViews.of(buffer)
-        keys = ROLLOUT_KEYS + (("episode_start", "recurrent_state") if recurrent else ())
-        self.data = {"/".join(k) if isinstance(k, tuple) else k: buffer.get(k).numpy() for k in keys}
-        self.bootstrap_observation = torch.zeros(cfg.n_envs_per_actor, *env.observation_shape,
-                                                 dtype=env.observation_dtype)
-        self.episode_return = torch.zeros(100, dtype=torch.float64)
-        self.episode_length = torch.zeros(100, dtype=torch.int64)
+        env, recurrent = self.collector.env, self.collector.sequence
+        # One slot of the learner's ring in this process's memory (a recurrent policy's with its start state and
+        # episode starts); its arrays go out as the result.
+        self.slot = SlotRing(1, 1, cfg.n_steps, cfg.n_envs_per_actor, env.observation_shape, env.observation_dtype,
+                             env.action_spec, shared=False, state_size=recurrent[0].shape[-1] if recurrent else 0)
+        self.views = RolloutViews.of(self.slot.rollout[0])
+        self.data = {key: tensor.numpy() for key, tensor in self.slot.rollout[0].items(True, True)}
         self.newest = (-1, None)  # (version, ObjectRef) of the newest weights announced
         self.loaded = -1
         self.identity = {"incarnation": uuid.uuid4().hex, "node_id": node_id, "pid": os.getpid(), "actor_id": actor_id}
@@ -123,14 +113,15 @@ class RolloutWorker:
                 warnings.simplefilter("ignore")
                 load_flat_weights(self.collector.agent, torch.from_numpy(_fetch(ref)))
             self.loaded = newest
-        finished, policy_s, env_s = self.collector.collect(self.views, self.bootstrap_observation,
-                                                          self.episode_return, self.episode_length, lambda: None)
-        kept = min(finished, self.episode_return.numel())
+        slot = self.slot
+        finished, policy_s, env_s = self.collector.collect(self.views, slot.bootstrap_observation[0],
+                                                          slot.episode_return[0], slot.episode_length[0], lambda: None)
+        kept = min(finished, slot.episode_return.shape[1])
         idle_s = 0.0 if self.last_return is None else max(0.0, start - self.last_return)
         self.last_return = time.perf_counter()
-        return {"data": self.data, "bootstrap_observation": self.bootstrap_observation.numpy(),
-                "episode_return": self.episode_return[:kept].numpy(), "episode_length": self.episode_length[:kept].numpy(),
-                "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
+        return {"data": self.data, "bootstrap_observation": slot.bootstrap_observation[0].numpy(),
+                "episode_return": slot.episode_return[0, :kept].numpy(),
+                "episode_length": slot.episode_length[0, :kept].numpy(), "n_episodes": finished, "version": self.loaded, "policy_s": policy_s, "env_s": env_s, "idle_s": idle_s,
                 **self.identity}
 
 
@@ -251,9 +242,7 @@ class RayActorPool:
         self.handles[actor_id] = self._remote.remote(self.cfg, actor_id, self.created[actor_id])
         self.created[actor_id] += 1
         self.produced[actor_id] = False
-        self.last_progress[actor_id] = time.monotonic()
-        if self.weights is not None:
-            self.handles[actor_id].set_weights.remote(self.weights[0], [self.weights[1]])
+        self.last_progress[actor_id] = time.monotonic()  # its first rollout call carries the newest weights
 
     def start(self) -> None:
         self._connect()
@@ -360,7 +349,7 @@ class RayActorPool:
         nbytes = 0
         rollout = ring.rollout[slot]
         for key, array in result["data"].items():
-            np.copyto(rollout.get(tuple(key.split("/")) if "/" in key else key).numpy(), array)
+            np.copyto(rollout.get(key).numpy(), array)
             nbytes += array.nbytes
         np.copyto(ring.bootstrap_observation[slot].numpy(), result["bootstrap_observation"])
         kept = len(result["episode_return"])

@@ -28,15 +28,12 @@ scaling). Anything else takes the autograd path.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from fastrl.kernels.losses import ADV_EPS
-from fastrl.learn.models import GSDE_EPSILON, ActorCritic
+from fastrl.learn.models import GSDE_EPSILON, LOG_SQRT_2PI, ActorCritic
 
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 _ACTIVATIONS = {nn.Tanh: "tanh", nn.ReLU: "relu"}
 
 
@@ -70,12 +67,11 @@ class MembersMLPGradient:
         self.discrete, self.shared, self.sde = agent.discrete, agent.shared_trunk, agent.use_sde
         index = layout.index_of
 
-        def indexed(layers):
-            return [(index[id(linear.weight)], index[id(linear.bias)], act) for linear, act in layers]
-        self.actor = indexed(_trunk_layers(agent.actor_trunk))
-        self.critic = self.actor if self.shared else indexed(_trunk_layers(agent.critic_trunk))
-        self.policy_head = (index[id(agent.policy_head.weight)], index[id(agent.policy_head.bias)])
-        self.value_head = (index[id(agent.value_head.weight)], index[id(agent.value_head.bias)])
+        def indexed(linear: nn.Linear, act: str | None = None) -> tuple:  # (weight's index, bias's, activation)
+            return index[id(linear.weight)], index[id(linear.bias)], act
+        self.actor = [indexed(*layer) for layer in _trunk_layers(agent.actor_trunk)]
+        self.critic = self.actor if self.shared else [indexed(*layer) for layer in _trunk_layers(agent.critic_trunk)]
+        self.policy_head, self.value_head = indexed(agent.policy_head), indexed(agent.value_head)
         self.log_std = None if self.discrete else index[id(agent.log_std)]
         self._prepared_for, self._prepared = None, None
 
@@ -85,8 +81,7 @@ class MembersMLPGradient:
         weights in place, so the views stay current (about 40 us of view ops a step otherwise)."""
         if self._prepared_for is not params:
             views = self.layout.member_views(params)
-            layers = [*self.actor, *([] if self.shared else self.critic), (*self.policy_head, None),
-                      (*self.value_head, None)]
+            layers = [*self.actor, *([] if self.shared else self.critic), self.policy_head, self.value_head]
             self._prepared = (views, {w: views[w].transpose(1, 2) for w, _, _ in layers},
                               {b: views[b].unsqueeze(1) for _, b, _ in layers})
             self._prepared_for = params
@@ -123,8 +118,8 @@ class MembersMLPGradient:
         x = self.layout.agent.trunk_input(observation.reshape(k, b, -1))
         actor = self._forward(transposed, rows, self.actor, x)
         critic = actor if self.shared else self._forward(transposed, rows, self.critic, x)
-        pw, pb = self.policy_head
-        vw, vb = self.value_head
+        pw, pb, _ = self.policy_head
+        vw, vb, _ = self.value_head
         out = torch.baddbmm(rows[pb], actor[-1], transposed[pw])  # [K, B, A]
         value = torch.baddbmm(rows[vb], critic[-1], transposed[vw]).squeeze(-1)  # [K, B]
 
@@ -134,22 +129,18 @@ class MembersMLPGradient:
             probs = log_probs.exp()
             logp = log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             entropy = -(probs * log_probs).sum(-1)
-        elif self.sde:
-            # gSDE: each row's variance latent^2 @ std^2 (+ eps), the latent taken as a constant.
-            std_sq = views[self.log_std].exp().square()  # [K, L, A]
-            latent_sq = actor[-1].square()  # [K, B, L]
-            variance = torch.bmm(latent_sq, std_sq) + GSDE_EPSILON  # [K, B, A]
-            row_log_std = 0.5 * torch.log(variance)
+        else:
+            if self.sde:  # gSDE: each row's variance latent^2 @ std^2 (+ eps), the latent taken as a constant
+                std_sq = views[self.log_std].exp().square()  # [K, L, A]
+                latent_sq = actor[-1].square()  # [K, B, L]
+                variance = torch.bmm(latent_sq, std_sq) + GSDE_EPSILON  # [K, B, A]
+                row_log_std = 0.5 * torch.log(variance)
+            else:
+                row_log_std = views[self.log_std].unsqueeze(1)  # [K, 1, A]: every row's
             inv_std = torch.exp(-row_log_std)
             z = (action.reshape(k, b, -1) - out) * inv_std
-            logp = (-0.5 * z.square() - row_log_std - _LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + _LOG_SQRT_2PI + row_log_std).sum(-1)
-        else:
-            log_std = views[self.log_std]  # [K, A]
-            inv_std = torch.exp(-log_std).unsqueeze(1)
-            z = (action.reshape(k, b, -1) - out) * inv_std
-            logp = (-0.5 * z.square() - log_std.unsqueeze(1) - _LOG_SQRT_2PI).sum(-1)
-            entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1, keepdim=True).expand(k, b)
+            logp = (-0.5 * z.square() - row_log_std - LOG_SQRT_2PI).sum(-1)
+            entropy = (0.5 + LOG_SQRT_2PI + row_log_std).sum(-1).expand(k, b)
 
         # The loss (kernels.ppo_loss / pg_loss's formulas) and its gradient with respect to logp, entropy and value.
         live = valid.bool()

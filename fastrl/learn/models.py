@@ -27,13 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastrl.config import UserError
 from fastrl.envs.registry import is_procgen
 from fastrl.envs.spaces import ActionSpec
 from fastrl.kernels.recurrent import lstm_sequence
 from fastrl.learn.masking import action_mask, masked_logits
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
-_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 GSDE_EPSILON = 1e-6  # added to gSDE's variance before its square root (SB3's StateDependentNoiseDistribution's)
 
 
@@ -90,8 +91,8 @@ def gaussian_logp_entropy(mean: torch.Tensor, log_std: torch.Tensor, action: tor
     """Diagonal Gaussian, state-independent ``log_std [A]``. ``mean, action [B, A]`` -> ``logp [B]``, ``entropy [B]``."""
     mean = mean.float()
     z = (action - mean) * torch.exp(-log_std)
-    logp = (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
-    entropy = (0.5 + _LOG_SQRT_2PI + log_std).sum(-1).expand(mean.shape[:-1])
+    logp = (-0.5 * z.square() - log_std - LOG_SQRT_2PI).sum(-1)
+    entropy = (0.5 + LOG_SQRT_2PI + log_std).sum(-1).expand(mean.shape[:-1])
     return logp, entropy
 
 
@@ -182,7 +183,66 @@ class OneHot(nn.Module):
         return hot.flatten(-2)[..., self.columns].float()
 
 
-class ActorCritic(nn.Module):
+class ActorCriticHeads(nn.Module):
+    """Policy and value heads over an encoder's features, and the API of every built-in actor-critic (CleanRL's,
+    see the module docstring). A subclass defines ``_features(obs) -> [B, F]`` (one vector for both heads) or
+    ``_actor_critic(obs) -> (actor, critic)`` features, and builds its heads with ``_build_heads``; ``mask_width``
+    as ``ActorCritic``'s."""
+    mask_width = 0
+    use_sde = False
+
+    def _build_heads(self, action_spec: ActionSpec, policy_width: int, value_width: int, init_log_std: float,
+                     sde_width: int = 0) -> None:
+        """The policy head (gain 0.01), the value head (gain 1) and, for continuous actions, ``log_std`` ``[A]`` (gSDE:
+        ``[sde_width, A]``)."""
+        self.action_spec = action_spec
+        self.discrete = action_spec.kind == "discrete"
+        out_dim = _head_width(action_spec)
+        self.policy_head = orthogonal_init(nn.Linear(policy_width, out_dim), gain=0.01)
+        self.value_head = orthogonal_init(nn.Linear(value_width, 1), gain=1.0)
+        if not self.discrete:
+            shape = (sde_width, out_dim) if sde_width else (out_dim,)
+            self.log_std = nn.Parameter(torch.full(shape, float(init_log_std)))
+
+    def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self._features(obs)
+        return features, features
+
+    def _critic(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._actor_critic(obs)[1]
+
+    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
+        return run_mlp(self.value_head, self._critic(obs)).squeeze(-1).float()
+
+    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
+                             noise: torch.Tensor | None = None):
+        """``noise [B, noise_width]`` (optional, when sampling): U(0, 1) draws for discrete actions, N(0, 1) for
+        continuous ones (gSDE: the exploration weights); default: drawn from torch's global generator."""
+        actor, critic = self._actor_critic(obs)
+        out = run_mlp(self.policy_head, actor)
+        value = run_mlp(self.value_head, critic).squeeze(-1).float()
+        log_std, exploration = getattr(self, "log_std", None), None
+        if self.use_sde:  # continuous actions: no mask
+            if action is None and noise is None:
+                noise = torch.randn(actor.shape[0], self.noise_width, device=actor.device)
+            log_std, exploration = gsde_distribution(actor, self.log_std, None if action is not None else noise)
+            noise = None
+        action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, noise, exploration,
+                                                    action_mask(obs.flatten(1), self.mask_width))
+        return action, logp, entropy, value
+
+    @torch.no_grad()
+    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
+        """The mode of the policy: argmax for discrete, the mean for continuous actions."""
+        return action_mode(run_mlp(self.policy_head, self._actor_critic(obs)[0]), self.action_spec,
+                           action_mask(obs.flatten(1), self.mask_width))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """``act_deterministic``: what ``policy(obs)`` gives, e.g. inside TorchRL's ``TensorDictModule``."""
+        return self.act_deterministic(obs)
+
+
+class ActorCritic(ActorCriticHeads):
     """MLP actor-critic over flat observations, with a shared trunk or separate policy/value trunks (``pi_sizes`` /
     ``vf_sizes``: their widths, each defaulting to ``hidden_sizes``).
 
@@ -200,25 +260,18 @@ class ActorCritic(nn.Module):
                  shared_trunk: bool = False, init_log_std: float = 0.0, pi_sizes=(), vf_sizes=(),
                  use_sde: bool = False, one_hot: tuple | None = None, mask_width: int = 0):
         super().__init__()
+        if use_sde and action_spec.kind == "discrete":
+            raise UserError("use_sde (gSDE) is for continuous actions, and this env's are discrete: drop use_sde")
         self.one_hot = OneHot(*one_hot) if one_hot else None
         self.mask_width = mask_width
         in_dim = self.one_hot.width if one_hot else math.prod(obs_shape) - mask_width
-        self.action_spec = action_spec
-        self.discrete = action_spec.kind == "discrete"
-        out_dim = _head_width(action_spec)
         pi_sizes, vf_sizes = list(pi_sizes or hidden_sizes), list(vf_sizes or hidden_sizes)
         self.shared_trunk = shared_trunk
         self.actor_trunk = mlp(in_dim, pi_sizes, activation)
         self.critic_trunk = self.actor_trunk if shared_trunk else mlp(in_dim, vf_sizes, activation)
-        self.policy_head = orthogonal_init(nn.Linear(pi_sizes[-1], out_dim), gain=0.01)
-        self.value_head = orthogonal_init(nn.Linear((pi_sizes if shared_trunk else vf_sizes)[-1], 1), gain=1.0)
         self.use_sde = bool(use_sde)
-        if self.use_sde and self.discrete:
-            from fastrl.config import UserError
-            raise UserError("use_sde (gSDE) is for continuous actions, and this env's are discrete: drop use_sde")
-        if not self.discrete:
-            shape = (pi_sizes[-1], out_dim) if self.use_sde else (out_dim,)
-            self.log_std = nn.Parameter(torch.full(shape, float(init_log_std)))
+        self._build_heads(action_spec, pi_sizes[-1], (pi_sizes if shared_trunk else vf_sizes)[-1], init_log_std,
+                          pi_sizes[-1] if self.use_sde else 0)
 
     @property
     def noise_width(self) -> int:
@@ -231,45 +284,14 @@ class ActorCritic(nn.Module):
             flat_obs = flat_obs[..., :-self.mask_width]
         return flat_obs.float() if self.one_hot is None else self.one_hot(flat_obs)
 
-    def _features(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _actor_critic(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.trunk_input(obs.flatten(1))
         actor = run_mlp(self.actor_trunk, x)
         critic = actor if self.shared_trunk else run_mlp(self.critic_trunk, x)
         return actor, critic
 
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self.trunk_input(obs.flatten(1))
-        return run_mlp(self.value_head, run_mlp(self.critic_trunk, x)).squeeze(-1).float()
-
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
-                             noise: torch.Tensor | None = None):
-        """``noise [B, noise_width]`` (optional, when sampling): U(0, 1) draws for discrete actions, N(0, 1) for
-        continuous ones (gSDE: the exploration weights); default: drawn from torch's global generator."""
-        actor, critic = self._features(obs)
-        out = run_mlp(self.policy_head, actor)
-        value = run_mlp(self.value_head, critic).squeeze(-1).float()
-        if self.use_sde:
-            if action is None and noise is None:
-                noise = torch.randn(actor.shape[0], self.noise_width, device=actor.device)
-            log_std, exploration = gsde_distribution(actor, self.log_std, None if action is not None else noise)
-            action, logp, entropy = action_logp_entropy(out, self.action_spec, log_std, action, None, exploration)
-            return action, logp, entropy, value
-        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise, mask=action_mask(obs.flatten(1), self.mask_width))
-        return action, logp, entropy, value
-
-    @torch.no_grad()
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        """The mode of the policy: argmax for discrete, the mean for continuous actions."""
-        actor, _ = self._features(obs)
-        return action_mode(run_mlp(self.policy_head, actor), self.action_spec,
-                           action_mask(obs.flatten(1), self.mask_width))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """``act_deterministic``: what ``policy(obs)`` gives, e.g. inside TorchRL's ``TensorDictModule``."""
-        return self.act_deterministic(obs)
-
-
+    def _critic(self, obs: torch.Tensor) -> torch.Tensor:
+        return run_mlp(self.critic_trunk, self.trunk_input(obs.flatten(1)))
 
 
 # ---------------------------------------------------------------------------------------------- pixel encoders
@@ -363,36 +385,7 @@ def resolve_encoder(name: str, obs_shape: tuple, env_id: str = "") -> str:
     return "nature_cnn" if side >= NATURE_CNN_MIN_SIDE else "small_cnn"
 
 
-class SharedFeatureHeads(nn.Module):
-    """Policy and value heads over one feature vector: a subclass defines ``_features(obs) -> [B, F]``,
-    ``policy_head``, ``value_head``, ``action_spec`` (and ``log_std`` for continuous actions); ``mask_width`` as
-    ``ActorCritic``'s."""
-    mask_width = 0
-
-    def get_value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_head(self._features(obs)).squeeze(-1).float()
-
-    def get_action_and_value(self, obs: torch.Tensor, action: torch.Tensor | None = None,
-                             noise: torch.Tensor | None = None):
-        """See ``ActorCritic.get_action_and_value``."""
-        features = self._features(obs)
-        out = self.policy_head(features)
-        value = self.value_head(features).squeeze(-1).float()
-        action, logp, entropy = action_logp_entropy(out, self.action_spec, getattr(self, "log_std", None), action,
-                                                    noise, mask=action_mask(obs.flatten(1), self.mask_width))
-        return action, logp, entropy, value
-
-    @torch.no_grad()
-    def act_deterministic(self, obs: torch.Tensor) -> torch.Tensor:
-        return action_mode(self.policy_head(self._features(obs)), self.action_spec,
-                           action_mask(obs.flatten(1), self.mask_width))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """``act_deterministic`` (see ``ActorCritic.forward``)."""
-        return self.act_deterministic(obs)
-
-
-class PixelActorCritic(SharedFeatureHeads):
+class PixelActorCritic(ActorCriticHeads):
     """A convolutional trunk shared by the policy and value heads; same API as ``ActorCritic``.
 
     ``obs [B, C, H, W]`` in any dtype (uint8 frames) is cast to float and scaled by ``obs_scale`` here, so
@@ -404,17 +397,11 @@ class PixelActorCritic(SharedFeatureHeads):
         super().__init__()
         if len(obs_shape) != 3:
             raise ValueError(f"PixelActorCritic needs [C, H, W] observations, got shape {obs_shape}")
-        self.action_spec = action_spec
-        self.discrete = action_spec.kind == "discrete"
-        out_dim = _head_width(action_spec)
         # A buffer, so a checkpoint carries the scale its model was trained with.
         self.register_buffer("obs_scale", torch.tensor([float(obs_scale)]))  # [1]: 0-d breaks byte views
         self.channels_last = channels_last
         self.encoder = ENCODERS[encoder](tuple(obs_shape))
-        self.policy_head = orthogonal_init(nn.Linear(self.encoder.out_dim, out_dim), gain=0.01)
-        self.value_head = orthogonal_init(nn.Linear(self.encoder.out_dim, 1), gain=1.0)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((out_dim,), float(init_log_std)))
+        self._build_heads(action_spec, self.encoder.out_dim, self.encoder.out_dim, init_log_std)
         if channels_last:
             self.to(memory_format=torch.channels_last)
 
@@ -425,8 +412,7 @@ class PixelActorCritic(SharedFeatureHeads):
         return self.encoder(x)
 
 
-
-class DictActorCritic(SharedFeatureHeads):
+class DictActorCritic(ActorCriticHeads):
     """Dict observations, packed by the env into one float32 vector ``[B, D]`` (see ``fastrl.envs.spaces.pack_observation``):
     each image entry through its own conv encoder (chosen by its size, as ``encoder: auto`` chooses; scaled by its
     ``scale``, 1/255 for uint8), the vector entries (Discrete ones one-hot encoded) together through an MLP trunk, the
@@ -437,8 +423,7 @@ class DictActorCritic(SharedFeatureHeads):
     def __init__(self, layout: tuple, action_spec: ActionSpec, hidden_sizes=(64, 64), activation: str = "tanh",
                  init_log_std: float = 0.0):
         super().__init__()
-        self.action_spec, self.layout = action_spec, layout
-        self.discrete = action_spec.kind == "discrete"
+        self.layout = layout
         self.sizes = [math.prod(part.shape) for part in layout]
         self.mask_width = self.sizes[-1] if layout[-1].mask else 0
         self.images = nn.ModuleDict({part.key: ENCODERS[resolve_encoder("auto", part.shape)](part.shape)
@@ -448,10 +433,7 @@ class DictActorCritic(SharedFeatureHeads):
                          for size, part in zip(self.sizes, layout) if not (part.image or part.mask))
         self.vector_trunk = mlp(vector_dim, list(hidden_sizes), activation) if vector_dim else None
         width = sum(encoder.out_dim for encoder in self.images.values()) + (hidden_sizes[-1] if vector_dim else 0)
-        self.policy_head = orthogonal_init(nn.Linear(width, _head_width(action_spec)), gain=0.01)
-        self.value_head = orthogonal_init(nn.Linear(width, 1), gain=1.0)
-        if not self.discrete:
-            self.log_std = nn.Parameter(torch.full((_head_width(action_spec),), float(init_log_std)))
+        self._build_heads(action_spec, width, width, init_log_std)
 
     def _features(self, obs: torch.Tensor) -> torch.Tensor:
         pieces, vectors = [], []
@@ -459,14 +441,12 @@ class DictActorCritic(SharedFeatureHeads):
             if part.mask:
                 continue
             if part.image:
-                image = chunk.view(-1, *part.shape) * part.scale
-                pieces.append(self.images[part.key](image))
+                pieces.append(self.images[part.key](chunk.view(-1, *part.shape) * part.scale))
             else:
                 vectors.append(self.one_hots[part.key](chunk) if part.one_hot else chunk)
         if vectors:
             pieces.append(self.vector_trunk(torch.cat(vectors, dim=1)))
         return torch.cat(pieces, dim=1)
-
 
 
 # ---------------------------------------------------------------------------------------------- recurrent cores
@@ -475,7 +455,6 @@ CORES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
 
 def check_recurrent(cfg) -> None:
     """One-line UserErrors for what a recurrent policy does not cover."""
-    from fastrl.config import UserError
     if getattr(cfg, "use_sde", False) or getattr(cfg, "policy", ""):
         raise UserError(f"recurrent={cfg.recurrent} builds fastrl's own policy without gSDE: drop use_sde and policy, "
                         "or use --recurrent none")
@@ -490,25 +469,16 @@ class RecurrentActorCritic(nn.Module):
     def __init__(self, base: nn.Module, kind: str, size: int):
         super().__init__()
         if getattr(base, "mask_width", 0):
-            from fastrl.config import UserError
             raise UserError("recurrent policies do not take action masks yet: drop --recurrent, or the env's "
                             "action_mask / action_masks()")
         self.base, self.kind, self.hidden_size = base, kind, size
-        width = base.policy_head.in_features
-        self.core = CORES[kind](width, size)
+        self.core = CORES[kind](base.policy_head.in_features, size)
         for name, param in self.core.named_parameters():  # CleanRL's LSTM init: orthogonal weights, zero biases
             nn.init.orthogonal_(param) if name.startswith("weight") else nn.init.zeros_(param)
         base.policy_head = orthogonal_init(nn.Linear(size, base.policy_head.out_features), gain=0.01)
         base.value_head = orthogonal_init(nn.Linear(size, 1), gain=1.0)
         self.state_size = 2 * size if kind == "lstm" else size
-
-    @property
-    def action_spec(self):
-        return self.base.action_spec
-
-    @property
-    def discrete(self) -> bool:
-        return self.base.discrete
+        self.action_spec, self.discrete = base.action_spec, base.discrete
 
     def initial_state(self, rows: int, device=None) -> torch.Tensor:
         """The zero state ``[rows, S]``."""
@@ -517,8 +487,7 @@ class RecurrentActorCritic(nn.Module):
     def unroll(self, obs: torch.Tensor, state: torch.Tensor | None, episode_start: torch.Tensor | None):
         """The core's outputs ``[T * B, H]`` over time-major ``obs [T * B, ...]`` from ``state [B, S]`` (None: zeros,
         B = the rows of ``obs``), zeroing a row's state where ``episode_start [T * B]``; and the last state."""
-        features = self.base._features(obs)
-        features = features[0] if isinstance(features, tuple) else features  # a shared MLP trunk's (actor, critic)
+        features = self.base._actor_critic(obs)[0]  # a shared trunk's: the actor's features are the critic's
         state = self.initial_state(obs.shape[0], obs.device) if state is None else state
         b, h, core = state.shape[0], self.hidden_size, self.core
         lstm = self.kind == "lstm"
@@ -578,7 +547,6 @@ def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
     ``cls(obs_shape, action_spec, cfg)``; any other object is refused before it is called."""
     import inspect
 
-    from fastrl.config import UserError
     from fastrl.names import resolve_name
     cls = resolve_name(cfg.policy, "policy")
     expected = "an nn.Module class built as cls(observation_shape, action_spec, config)"
@@ -602,7 +570,6 @@ def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float 
         check_recurrent(cfg)
     if getattr(cfg, "policy", ""):
         if getattr(cfg, "use_sde", False):
-            from fastrl.config import UserError
             raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
                             "use_sde, or give your class its own exploration")
         return custom_policy(cfg, obs_shape, action_spec)
@@ -635,7 +602,6 @@ def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: floa
                                                                   getattr(cfg, "env", ""))
     use_sde = getattr(cfg, "use_sde", False)
     if use_sde and encoder != "mlp":
-        from fastrl.config import UserError
         raise UserError(f"use_sde (gSDE) needs the MLP policy over flat observations, and this env's observations use "
                         f"the {encoder} encoder: drop use_sde")
     if layout is not None:

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import torch
 
-ADAM_KEYS = ("exp_avg", "exp_avg_sq")
-RMSPROP_KEYS = ("square_avg",)
+MOMENT_KEYS = {"adam": ("exp_avg", "exp_avg_sq"), "rmsprop": ("square_avg",)}  # each optimizer's state per parameter
 
 
 def optimizer_name(cfg) -> str:
@@ -34,13 +33,9 @@ def optimizer_hparams(cfg) -> dict:
     return {"betas": (0.9, 0.999), "eps": float(cfg.adam_eps)}
 
 
-def moment_keys(kind: str) -> tuple:
-    return ADAM_KEYS if kind == "adam" else RMSPROP_KEYS
-
-
 def init_state(kind: str, params: torch.Tensor) -> dict:
     """Zero optimizer state for flat ``params [..., P]``: the moments like ``params``, ``step [...]`` float32."""
-    state = {key: torch.zeros_like(params) for key in moment_keys(kind)}
+    state = {key: torch.zeros_like(params) for key in MOMENT_KEYS[kind]}
     state["step"] = torch.zeros(params.shape[:-1], dtype=torch.float32, device=params.device)
     return state
 
@@ -78,12 +73,10 @@ def optimizer_step(kind: str, constants: dict, params, grad, state: dict, lr) ->
 def optimizer_state_dict(kind: str, constants: dict, state: dict, numels: list, shapes: list, lr: float) -> dict:
     """One member's flat state (``[P]`` moments, 0-d ``step``) as ``torch.optim.Adam/RMSprop.state_dict()`` over the
     agent's parameters in ``agent.parameters()`` order (the flat layout's order)."""
-    per_param = {}
-    for i, key in enumerate(moment_keys(kind)):
-        for j, chunk in enumerate(state[key].detach().split(numels)):
-            per_param.setdefault(j, {})[key] = chunk.reshape(shapes[j]).clone()
-    for j in range(len(numels)):
-        per_param[j] = {"step": state["step"].detach().reshape(()).clone().float(), **per_param[j]}
+    step = state["step"].detach().reshape(()).float()
+    chunks = {key: state[key].detach().split(numels) for key in MOMENT_KEYS[kind]}
+    per_param = {j: {"step": step.clone(), **{key: chunks[key][j].reshape(shapes[j]).clone() for key in chunks}}
+                 for j in range(len(numels))}
     if kind == "adam":
         group = {"lr": lr, "betas": tuple(constants["betas"]), "eps": constants["eps"], "weight_decay": 0.0,
                  "amsgrad": False, "maximize": False, "foreach": None, "capturable": False, "differentiable": False,
@@ -102,7 +95,7 @@ def load_optimizer_state_dict(kind: str, saved: dict, state: dict, numels: list)
     step = 0.0
     for j in range(len(numels)):
         entry = entries.get(j, entries.get(str(j), {}))
-        for key in moment_keys(kind):
+        for key in MOMENT_KEYS[kind]:
             chunk = state[key].split(numels)[j]
             chunk.copy_(entry[key].reshape(-1) if key in entry else torch.zeros_like(chunk))
         if "step" in entry:

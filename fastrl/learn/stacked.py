@@ -11,6 +11,8 @@ reads member m's weights as a module through ``FlatLayout.load_into``.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 from torch import nn
 from torch.func import functional_call, vmap
@@ -40,17 +42,13 @@ def parameter_slots(module: nn.Module, params: list) -> list:
     wrong tensor, replacing the module's parameter.)
     """
     index = {id(p): i for i, p in enumerate(params)}
-    slots, seen, found = [], set(), set()
+    slots, seen = [], set()
     for prefix, sub in module.named_modules(remove_duplicate=False):
         for attr, p in sub._parameters.items():
             if p is None or id(p) not in index or (id(sub), attr) in seen:
                 continue
             seen.add((id(sub), attr))
-            found.add(id(p))
             slots.append((f"{prefix}.{attr}" if prefix else attr, index[id(p)]))
-    missing = [i for i, p in enumerate(params) if id(p) not in found]
-    if missing:
-        raise ValueError(f"parameters {missing} are not parameters of the module")
     return slots
 
 
@@ -62,9 +60,7 @@ class FlatLayout:
         self.shapes = [p.shape for p in params]
         self.numels = [p.numel() for p in params]
         self.size = sum(self.numels)
-        self.offsets = [0]
-        for n in self.numels:
-            self.offsets.append(self.offsets[-1] + n)
+        self.offsets = [0, *accumulate(self.numels)]
         self.methods = {name: AgentMethod(agent, name) for name in ("get_action_and_value", "get_value")}
         self.slots = {name: parameter_slots(module, params) for name, module in self.methods.items()}
         self.agent = agent
@@ -149,27 +145,34 @@ def members_actor_critic(layout: FlatLayout, views: list, method: str, obs, acti
     actor = critic if agent.shared_trunk else _members_sequential(layout, views, agent.actor_trunk, x)
     out = _members_linear(layout, views, agent.policy_head, actor)
     k, b = out.shape[:2]
-    mask = action_mask(obs.flatten(2), agent.mask_width)
-    # The action distribution row by row, as the module's (members and rows flattened together; a member's log_std
-    # repeated over its rows; gSDE's per-row log-std and exploration from each member's [L, A] log-std).
     log_std, exploration = None, None
-    if agent.use_sde:
+    if agent.use_sde:  # gSDE's per-row log-std and exploration from each member's [L, A] log-std
         if action is None and noise is None:
             noise = torch.randn(k, b, agent.noise_width, device=out.device)
         member_log_std = views[layout.index_of[id(agent.log_std)]]
         log_std, exploration = gsde_distribution(
             actor, member_log_std, None if action is not None else noise.reshape(k, b, -1))
-        log_std = log_std.reshape(k * b, -1)
-        exploration = None if exploration is None else exploration.reshape(k * b, -1)
         noise = None
-    elif not agent.discrete:
-        log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1).expand(k, b, -1).reshape(k * b, -1)
-    action, logp, entropy = action_logp_entropy(
-        out.reshape(k * b, -1), agent.action_spec, log_std,
-        None if action is None else action.reshape(k * b, *action.shape[2:]),
-        None if noise is None else noise.reshape(k * b, -1), exploration,
-        None if mask is None else mask.reshape(k * b, -1))
-    return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b), value
+    return (*_members_action(layout, views, agent, out, action, noise, log_std, exploration,
+                             action_mask(obs.flatten(2), agent.mask_width)), value)
+
+
+def _rows(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``[K, B, ...]`` -> ``[K * B, ...]`` (None passes)."""
+    return None if x is None else x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _members_action(layout: FlatLayout, views: list, agent: nn.Module, out, action, noise, log_std=None,
+                    exploration=None, mask=None) -> tuple:
+    """The action distribution of K members' policy outputs ``out [K, B, A]``, row by row as the module's (members and
+    rows flattened together; a member's ``log_std`` repeated over its rows unless given per row): ``(action [K, B,
+    ...], logp [K, B], entropy [K, B])``."""
+    k, b = out.shape[:2]
+    if log_std is None and not agent.discrete:
+        log_std = views[layout.index_of[id(agent.log_std)]].unsqueeze(1).expand(k, b, -1)
+    action, logp, entropy = action_logp_entropy(_rows(out), agent.action_spec, _rows(log_std), _rows(action),
+                                                _rows(noise), _rows(exploration), _rows(mask))
+    return action.reshape(k, b, *action.shape[1:]), logp.view(k, b), entropy.view(k, b)
 
 
 def members_lstm(layout: FlatLayout, views: list, method: str, obs, *args):
@@ -195,12 +198,8 @@ def members_lstm(layout: FlatLayout, views: list, method: str, obs, *args):
     value = _members_linear(layout, views, base.value_head, out).squeeze(-1).float()
     if method == "get_value":
         return value
-    logits = _members_linear(layout, views, base.policy_head, out).reshape(k * rows, -1)
-    log_std = None if base.discrete else weight(base.log_std).unsqueeze(1).expand(k, rows, -1).reshape(k * rows, -1)
-    action, logp, entropy = action_logp_entropy(
-        logits, base.action_spec, log_std, None if action is None else action.reshape(k * rows, *action.shape[2:]),
-        None if noise is None else noise.reshape(k * rows, -1))
-    return (action.reshape(k, rows, *action.shape[1:]), logp.view(k, rows), entropy.view(k, rows), value,
+    logits = _members_linear(layout, views, base.policy_head, out)
+    return (*_members_action(layout, views, base, logits, action, noise), value,
             torch.cat([hidden, cell], dim=-1).float())
 
 
@@ -222,22 +221,17 @@ class MemberPolicy:
 
     def get_action_and_value(self, obs: torch.Tensor, action=None, noise: torch.Tensor | None = None, *carry):
         """``carry``: a recurrent policy's ``(state, episode_start)``, ``[K * B, ...]`` rows like ``obs``."""
-        k = self.n_members
-        if k == 1:
-            with self.autocast():
-                return self.agent.get_action_and_value(obs, action, noise, *carry)
-        if action is not None:
-            raise ValueError("MemberPolicy evaluates sampled actions only")
         with self.autocast():
-            out = self.layout.call_members("get_action_and_value", self.params, *self._split(obs, None, noise, *carry),
-                                           views=self._eager_views())
+            if self.n_members == 1:
+                return self.agent.get_action_and_value(obs, action, noise, *carry)
+            out = self.layout.call_members("get_action_and_value", self.params,
+                                           *self._split(obs, action, noise, *carry), views=self._eager_views())
         return tuple(None if x is None else x.reshape(-1, *x.shape[2:]) for x in out)
 
     def get_value(self, obs: torch.Tensor, *carry) -> torch.Tensor:
-        if self.n_members == 1:
-            with self.autocast():
-                return self.agent.get_value(obs, *carry)
         with self.autocast():
+            if self.n_members == 1:
+                return self.agent.get_value(obs, *carry)
             return self.layout.call_members("get_value", self.params, *self._split(obs, *carry),
                                             views=self._eager_views()).reshape(-1)
 

@@ -135,12 +135,9 @@ def member_hparams(cfg, device, lr: float | None = None, clip_coef: float | None
             "max_grad_norm": torch.tensor(float(cfg.max_grad_norm), device=device)}
 
 
-# How a minibatch step computes its gradient: one of these per run, chosen by ``step_path`` when the update is built.
-STEP_PATHS = ("functional", "module", "members_hand", "members_autograd")
-
-
 def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: bool) -> str:
-    """The one dispatch point of the minibatch step: a pure function of the config and the shapes.
+    """The one dispatch point of the minibatch step, a pure function of the config and the shapes: how each step
+    computes its gradient, one of these per run.
 
     - ``functional``: ``torch.func.grad_and_value`` over the flat weights' views, ``vmap``'d over K members. The only
       path under ``torch.compile`` (and so in CUDA graphs); also K = 1 eager under fp16 loss scaling.
@@ -175,18 +172,15 @@ class Update:
 
     def __init__(self, spec: UpdateSpec, layout: FlatLayout, autocast=nullcontext, path: str = "functional",
                  agent: torch.nn.Module | None = None, rank_mean=None):
-        if path not in STEP_PATHS:
-            raise ValueError(f"unknown step path {path!r}; one of {STEP_PATHS}")
         if (path == "module") != (agent is not None):
             raise ValueError("the module path, and only it, takes the agent module")
         self.spec, self.layout, self.autocast, self.path = spec, layout, autocast, path
         self.constants = dict(spec.constants)
         self.eager_agent, self.rank_mean = agent, rank_mean
-        self.members_gradient = None
-        if path == "members_hand":
-            if not hand_gradient_applies(spec, layout, autocast):
-                raise ValueError("the hand-derived gradient does not apply to this agent or update")
-            self.members_gradient = MembersMLPGradient(layout, spec.algo, spec.clip_vloss, spec.norm_adv)
+        if path == "members_hand" and not hand_gradient_applies(spec, layout, autocast):
+            raise ValueError("the hand-derived gradient does not apply to this agent or update")
+        self.members_gradient = (MembersMLPGradient(layout, spec.algo, spec.clip_vloss, spec.norm_adv)
+                                 if path == "members_hand" else None)
 
     @classmethod
     def for_run(cls, spec: UpdateSpec, layout: FlatLayout, autocast, members: int, compiled: bool,
@@ -204,14 +198,14 @@ class Update:
         """``(loss, stats)`` of one minibatch ``(observation, action, ..., valid)`` at weights ``params [P]`` (or a
         list of one tensor per parameter, see ``FlatLayout.call``; None: the weights of ``eager_agent``, bound to the
         same flat tensor)."""
-        observation, action = minibatch[:2]
         with self.autocast():
-            if params is None:
-                out = self.eager_agent.get_action_and_value(observation, action, None, *self.sequences(minibatch))
-            else:
-                out = self.layout.call("get_action_and_value", params, observation, action, None,
-                                       *self.sequences(minibatch))
+            out = self.policy(params)(*minibatch[:2], None, *self.sequences(minibatch))
         return self.loss_of(*out[1:4], minibatch, hparams)
+
+    def policy(self, params):
+        """``get_action_and_value`` at the weights ``params`` (the module path: ``eager_agent``'s, bound to them)."""
+        return (self.eager_agent.get_action_and_value if self.path == "module"
+                else partial(self.layout.call, "get_action_and_value", params))
 
     def sequences(self, minibatch: tuple) -> tuple:
         """A recurrent policy's ``(state [..., B, S], episode_start [..., T * B])`` for its minibatch of B whole
@@ -261,18 +255,16 @@ class Update:
         observation, bootstrap_observation, action = minibatch[:3]
         sequence = self.learner_sequence(minibatch)
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
-        if self.path == "module":
-            with torch.enable_grad():
-                target_logp, entropy, value = learner_forward(self.eager_agent.get_action_and_value, observation,
-                                                              bootstrap_observation, action, self.autocast, sequence)
-                targets = self.vtrace_targets_of(target_logp, value, minibatch)
-                loss, stats = self.vtrace_loss_of(target_logp, entropy, value, targets, minibatch, hparams)
-                grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
-            return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
 
         def forward(views):
-            return learner_forward(partial(self.layout.call, "get_action_and_value", views), observation,
-                                   bootstrap_observation, action, self.autocast, sequence)
+            return learner_forward(self.policy(views), observation, bootstrap_observation, action, self.autocast,
+                                   sequence)
+        if self.path == "module":
+            def module_loss():
+                outputs = forward(params)
+                targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
+                return self.vtrace_loss_of(*outputs, targets, minibatch, hparams)
+            return self._module_gradient(module_loss)
         # With respect to each parameter's view, concatenated after (``FlatLayout.flat_gradient``), as ``gradient``.
         outputs, pullback = vjp(forward, self.layout.views(params))
         targets = self.vtrace_targets_of(outputs[0], outputs[2], minibatch)
@@ -291,10 +283,7 @@ class Update:
         if self.spec.algo == "impala":
             return self.vtrace_gradient(params, opt_state, minibatch, hparams)
         if self.path == "module":
-            with torch.enable_grad():
-                loss, stats = self.loss(None, minibatch, hparams)
-                grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
-            return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
+            return self._module_gradient(partial(self.loss, None, minibatch, hparams))
         if self.path == "members_hand":
             return self.members_gradient(params, minibatch, hparams)
         if self.path == "members_autograd":
@@ -306,16 +295,19 @@ class Update:
             return vmap(self._functional_gradient)(params, opt_state, minibatch, hparams)
         scale = opt_state["loss_scale"] if self.spec.loss_scaling else None
         # Differentiated with respect to each parameter's view, then concatenated (``FlatLayout.flat_gradient``).
-        views = self.layout.views(params)
-        if scale is None:
-            grads, (loss, stats) = grad_and_value(self.loss, has_aux=True)(views, minibatch, hparams)
-            return self.layout.flat_gradient(grads), loss, stats
-
         def scaled(p):
             loss, stats = self.loss(p, minibatch, hparams)
-            return loss * scale, (loss, stats)
-        grads, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(views)
-        return self.layout.flat_gradient(grads) / scale, loss, stats
+            return (loss if scale is None else loss * scale), (loss, stats)
+        grads, (_, (loss, stats)) = grad_and_value(scaled, has_aux=True)(self.layout.views(params))
+        grad = self.layout.flat_gradient(grads)
+        return (grad if scale is None else grad / scale), loss, stats
+
+    def _module_gradient(self, loss_fn):
+        """The ``module`` path: ``loss_fn() -> (loss, stats)`` through ``eager_agent``, differentiated by autograd."""
+        with torch.enable_grad():
+            loss, stats = loss_fn()
+            grads = torch.autograd.grad(loss, list(self.eager_agent.parameters()))
+        return torch.cat([g.reshape(-1) for g in grads]), loss.detach(), stats
 
     def _members_autograd_gradient(self, params, opt_state: dict, minibatch: tuple, hparams: dict):
         """K members eagerly: one forward of all members (batched matmuls for an MLP), their losses, and one backward
@@ -454,24 +446,22 @@ class Update:
             k, rows = batch[0].shape[:2]
             flat = (index[:, j] + _member_row_offsets(k, rows, index.device)).reshape(-1)
             return tuple(tensor.flatten(0, 1).index_select(0, flat).view(k, -1, *tensor.shape[2:]) for tensor in batch)
-        return tuple(_gather_rows(tensor, index, j) for tensor in batch)
+        return tuple(tensor[index[j]] for tensor in batch)
 
     # ------------------------------------------------------------------ the whole update
     def inputs(self, params, batch: dict) -> tuple:
         """``(inputs, stats)``: the loss inputs of ``batch`` in the order the steps take them. APPO's are V-trace's
         ``LOSS_KEYS`` rows ``[T * N]`` from the weights ``params`` before the update, with the batch's V-trace
         statistics."""
-        if self.spec.algo == "impala":
-            return tuple(batch[key] for key in self.spec.learner_keys), {}
-        if self.spec.algo != "appo":
+        if not self.spec.vtrace:
             return tuple(batch[key] for key in self.spec.loss_keys), {}
         learner_inputs = tuple(batch[key] for key in self.spec.learner_keys)
+        if self.spec.algo == "impala":
+            return learner_inputs, {}
         observation, bootstrap_observation, action, behavior_logp, valid = learner_inputs[:5]
-        policy = (self.eager_agent.get_action_and_value if self.path == "module"
-                  else partial(self.layout.call, "get_action_and_value", params))
         with torch.no_grad():
-            target_logp, _, value = learner_forward(policy, observation, bootstrap_observation, action, self.autocast,
-                                                    self.learner_sequence(learner_inputs))
+            target_logp, _, value = learner_forward(self.policy(params), observation, bootstrap_observation, action,
+                                                    self.autocast, self.learner_sequence(learner_inputs))
         vs, pg_advantage, stats = self.vtrace_targets_of(target_logp, value, learner_inputs)
         stats["explained_variance"] = explained_variance(value[:-1], vs, valid.float())
         rows = {"observation": observation, "action": action, "sample_log_prob": behavior_logp,
@@ -495,16 +485,14 @@ class Update:
         ``eager_agent``, reads its weights from ``params``). Returns the metrics."""
         inputs, stats = self.inputs(params, batch)
         index = batch.get("minibatch_index")
-        active = torch.ones((), dtype=torch.bool, device=params.device)
         epoch_ends = epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device)
-        sums = None
+        carry = (params, opt_state, self.zero_sums(params), torch.ones((), dtype=torch.bool, device=params.device))
         for j in range(1 if index is None else index.shape[0]):
-            new_params, new_state, part, active = self.steps(params, opt_state, inputs,
-                                                             None if index is None else index[j:j + 1], hparams,
-                                                             active, epoch_ends[j:j + 1])
+            new_params, new_state, sums, active = self.step(carry, self.minibatch(inputs, index, j), hparams,
+                                                            epoch_ends[j])
             copy_weights(params, opt_state, new_params, new_state)
-            sums = part if sums is None else {key: sums[key] + part[key] for key in sums}
-        return {**finish_metrics(sums), **stats}
+            carry = (params, opt_state, sums, active)
+        return {**finish_metrics(carry[2]), **stats}
 
 
 def copy_weights(params, opt_state: dict, new_params, new_state: dict, member=...) -> None:
@@ -550,15 +538,6 @@ def initial_opt_state(spec: UpdateSpec, params: torch.Tensor) -> dict:
 def _member_row_offsets(members: int, rows: int, device: torch.device) -> torch.Tensor:
     """``[K, 1]``: member m's first row in ``[K * B, ...]`` rows, ``m * B``."""
     return (torch.arange(members, device=device) * rows)[:, None]
-
-
-def _gather_rows(tensor: torch.Tensor, index: torch.Tensor, j: int) -> torch.Tensor:
-    """Minibatch ``j``'s rows: ``tensor [B, ...]`` and ``index [count, mb]``, or K members' ``[K, B, ...]`` and
-    ``[K, count, mb]``."""
-    if index.dim() == 2:
-        return tensor[index[j]]
-    members = torch.arange(tensor.shape[0], device=tensor.device)[:, None]
-    return tensor[members, index[:, j]]
 
 
 def finish_metrics(sums: dict) -> dict:
