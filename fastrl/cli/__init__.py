@@ -46,36 +46,26 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="cut the evaluation after this many env steps, all envs together (default: the run's "
                              "eval_max_steps, 1,000,000)")
-    try:
-        args = parser.parse_args(argv)  # --help exits here, before torch is imported
-        if args.episodes <= 0 or args.seeds <= 0:
-            raise UserError("--episodes and --seeds must be positive")
-        if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
-            raise UserError("--max-episode-steps and --max-steps must be positive")
-    except UserError as e:
-        print(f"fastrl eval: error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)  # --help exits here, before torch is imported
+    if args.episodes <= 0 or args.seeds <= 0:
+        raise UserError("--episodes and --seeds must be positive")
+    if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
+        raise UserError("--max-episode-steps and --max-steps must be positive")
     from fastrl.run.evaluate import EvaluationStopped, evaluate_checkpoint
-    from fastrl.signals import install_stop_handlers
+    from fastrl.signals import install_stop_handlers, restore_handlers
     stop = {"stop": None}
-    previous_handlers = {}
+    previous_handlers = install_stop_handlers(stop)
     try:
-        previous_handlers = install_stop_handlers(stop)
         returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
                                            args.env, args.policy, deterministic=args.deterministic,
                                            max_steps=args.max_episode_steps,
                                            max_total_steps=args.max_steps, label="evaluation",
                                            should_stop=lambda: stop["stop"] is not None)
-    except UserError as e:
-        print(f"fastrl eval: error: {e}", file=sys.stderr)
-        return 2
     except EvaluationStopped:
         print("fastrl eval: stopped by a signal before the episodes finished", file=sys.stderr)
         return 130
     finally:
-        import signal
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous_handlers)
     mean, std = returns.mean().item(), returns.std(unbiased=False).item()
     from fastrl.run.console import print_result
     if args.json:
@@ -98,15 +88,11 @@ def export_main(argv: list[str]) -> int:
     parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
     parser.add_argument("--policy", default=None, help="the run's custom policy class, module:ClassName or "
                         "path/to/file.py:ClassName (required when the run had one)")
-    try:
-        args = parser.parse_args(argv)  # --help exits here, before torch is imported
-        from fastrl.api import load
-        from fastrl.export import export_target
-        export_target(args.out, args.format)  # before the checkpoint loads
-        path = load(args.run, member=args.member, policy=args.policy).export(args.out, args.format)
-    except UserError as e:
-        print(f"fastrl export: error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)  # --help exits here, before torch is imported
+    from fastrl.api import load
+    from fastrl.export import export_target
+    export_target(args.out, args.format)  # before the checkpoint loads
+    path = load(args.run, member=args.member, policy=args.policy).export(args.out, args.format)
     from fastrl.run.console import print_result
     return 0 if print_result(f"wrote {path} ({args.format})") else 1
 
@@ -140,20 +126,23 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         from fastrl.cli.train import main as train_main
         return train_main(rest, prog="fastrl train")
-    if command == "tune":
-        from fastrl.cli.tune import tune_main
-        return tune_main(rest)
-    if command == "eval":
-        return eval_main(rest)
-    if command == "export":
-        return export_main(rest)
     if command == "plot":
         from fastrl.run.plot import plot_main
         return plot_main(rest)
     if command == "bench":
         return bench_main(rest)
-    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench", file=sys.stderr)
-    return 2
+    if command not in ("tune", "eval", "export"):
+        print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench",
+              file=sys.stderr)
+        return 2
+    try:
+        if command == "tune":
+            from fastrl.cli.tune import tune_main
+            return tune_main(rest)
+        return eval_main(rest) if command == "eval" else export_main(rest)
+    except UserError as e:
+        print(f"fastrl {command}: error: {e}", file=sys.stderr)
+        return 2
 
 
 def entry() -> int:

@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.cli.flags import ArgParser, parse_cli_overrides
-from fastrl.config import _TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable
+from fastrl.config import (_TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable,
+                           numeric, read_yaml)
 from fastrl.defaults import VARY_KEYS, YAML_IGNORED
 from fastrl.errors import first_line
 
@@ -95,20 +96,11 @@ class Param:
 def _number(where: str, value, integer: bool = False):
     """``value`` as a number; a string that spells one too, as YAML 1.1 leaves ``1e-4`` and ``1.5e6`` (no dot)."""
     if isinstance(value, str):
-        value = _numeric(value)
+        value = numeric(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
         raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {brief(value)}")
     return value
-
-
-def _numeric(text: str):
-    """``text`` as a number when it spells one (``"3e-4"`` -> 0.0003, ``"1.5e6"`` -> 1500000), else itself."""
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if number.is_integer() else number
 
 
 def parse_space(data, where: str) -> list[Param]:
@@ -140,7 +132,7 @@ def parse_space(data, where: str) -> list[Param]:
                 raise UserError(f"{at}: categorical needs choices: a non-empty list of numbers, strings or booleans "
                                 "(a list-valued key takes strings: \"64,64\")")
             if _TYPES[name] in (int, float):  # a number YAML read as a string (1e-4) is a number
-                choices = [_numeric(c) if isinstance(c, str) else c for c in choices]
+                choices = [numeric(c) if isinstance(c, str) else c for c in choices]
             param = Param(name, kind, choices=tuple(choices))
         else:
             if "low" not in entry or "high" not in entry:
@@ -169,17 +161,7 @@ def parse_space(data, where: str) -> list[Param]:
 
 
 def load_space(path: str) -> list[Param]:
-    import yaml
-
-    from fastrl import bounded_yaml
-    try:
-        data = bounded_yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
-                        "--space") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"space file {path!r} is not valid YAML: {first_line(e)}") from None
-    return parse_space(data, f"space file {path}")
+    return parse_space(read_yaml(path, "space file"), f"space file {path}")
 
 
 def check_space_with(base: Config, params: list[Param]) -> None:
@@ -412,8 +394,8 @@ def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
 
 
 def tune_main(argv: list[str]) -> int:
-    """The command line: 0 when the study has its trials, 2 with one line for a user error, 130 after a stop
-    signal (re-run the command to continue)."""
+    """The command line: 0 when the study has its trials, 130 after a stop signal (re-run the command to continue);
+    a user error is raised (``fastrl.cli.main`` prints its one line and exits 2)."""
     try:
         settings, rest = build_parser().parse_known_args(argv)
         for name in ("trials", "batch", "trial_seeds", "evals"):
@@ -429,9 +411,6 @@ def tune_main(argv: list[str]) -> int:
         base = base_config(settings, rest)
         check_space_with(base, params)
         return _tune(optuna, settings, params, base)
-    except UserError as e:
-        print(f"fastrl tune: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("fastrl tune: interrupted; re-run the same command to continue the study", file=sys.stderr)
         return 130
