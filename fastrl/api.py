@@ -127,9 +127,9 @@ def train(
     Any other keyword is a one-line ``UserError`` naming the key meant (``learning_rate`` -> ``lr``, SB3's
     ``policy_kwargs`` -> its keys here).
     """
-    # Every parameter but env, algo, config and callbacks is a config key: those given (not None) override.
+    # Every parameter but env, config and callbacks is a config key: those given (not None) override.
     overrides = {name: value for name, value in locals().items()
-                 if name in FIELDS and name not in ("env", "algo") and value is not None}
+                 if name in FIELDS and name != "env" and value is not None}
     if unknown:
         raise _unknown_key(next(iter(unknown)), "the fastrl.train() arguments")
     refuse_in_spawned_child()
@@ -137,15 +137,8 @@ def train(
     from fastrl.run.run_config import build_config
     from fastrl.run.session import run
 
-    given, made_vector_env = {} if algo is None else {"algo": algo}, None
-    if env is not None:
-        env_keys, made_vector_env = _env_keys(env, overrides)
-        given.update(env_keys)
+    given, made_vector_env = _env_keys(env, overrides) if env is not None else ({}, None)
     given.update(overrides)
-    if isinstance(given.get("policy"), type):
-        given["policy"] = policy_name(given["policy"])
-    if isinstance(config, dict) and isinstance(config.get("policy"), type):
-        config = {**config, "policy": policy_name(config["policy"])}
     callbacks = check_callbacks(callbacks)
     cfg, resume_state = build_config(given, config, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
@@ -206,15 +199,6 @@ def _state_in(state, x: torch.Tensor) -> torch.Tensor | None:
     return torch.cat([torch.as_tensor(p).float().reshape(x.shape[0], -1) for p in parts], dim=1).to(x.device)
 
 
-def policy_name(cls: type) -> str:
-    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
-    name = f"{cls.__module__}:{cls.__qualname__}"
-    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
-        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
-                        "__main__ or a function), so checkpoints and other processes can rebuild it")
-    return name
-
-
 def refuse_in_spawned_child() -> None:
     """A spawned child (an IMPALA/APPO actor) imports the parent's script as ``__mp_main__`` before it runs; a script
     without ``if __name__ == "__main__":`` then calls ``fastrl.train()`` again, which would start a run in every
@@ -269,8 +253,6 @@ def load(path: str | os.PathLike, best: bool = False, env: str | type | Callable
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
-    if isinstance(policy, type):
-        policy = policy_name(policy)
     where = f"checkpoint {target}"
     # With the spaces saved, the env is judged only when one is stepped (Agent.evaluate); a saved module:Name policy
     # is used only if passed, as it must be imported to build the model.
@@ -499,13 +481,15 @@ class Agent:
         return run
 
     def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
-                 max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:
+                 max_episode_steps: int | None = None, max_steps: int | None = None, should_stop=None,
+                 label: str | None = None) -> np.ndarray:
         """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs (the saved normalizer frozen,
         rewards unscaled). ``deterministic``: the policy's mode, False samples (None: the run's
         ``eval_deterministic``). An episode is cut after ``max_episode_steps`` steps and the evaluation after
         ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``); a cut
         episode counts its return so far. ``env``: another env than the run's (an id, ``module:Id``, class or
-        factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
+        factory) with the same observation and action spaces. ``should_stop`` and ``label`` (``fastrl eval``'s): see
+        ``fastrl.run.evaluate.play_first_episodes``. Returns the returns, float64 ``[seeds * episodes]``."""
         from fastrl.run.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
@@ -522,5 +506,5 @@ class Agent:
                                 f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "
                                 f"({self.config.env}); pass an env with the same spaces")
         returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device, max_episode_steps,
-                           deterministic, max_steps)
+                           deterministic, max_steps, should_stop, label)
         return returns.numpy()

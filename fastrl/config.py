@@ -387,15 +387,25 @@ def _coerce(name: str, value):
         value = _BOOLS.get(value.lower(), value) if kind is bool else numeric(value)
     elif isinstance(value, os.PathLike) and kind is str:  # run_dir, resume: a pathlib.Path is as good as its string
         value = os.fspath(value)
+    elif isinstance(value, type) and name == "policy":  # the class itself, as fastrl.train and fastrl.load take it
+        value = policy_name(value)
     if isinstance(value, float) and kind is int and value.is_integer():
         value = int(value)
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and kind is float and abs(value) <= sys.float_info.max:
-        value = float(value)  # numpy's floats too; an int too large for a float stays an int, refused below
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value) if abs(value) <= sys.float_info.max else value  # numpy's too; a huge int is refused
     if kind is list and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return list(value)
     if kind is not list and isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
         return value
     raise UserError(f"{name}: expected {kind.__name__}, got {brief(given)}")
+
+
+def policy_name(cls: type) -> str:
+    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
+    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
+        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
+                        "__main__ or a function), so checkpoints and other processes can rebuild it")
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _coerce_vary(value) -> dict:
@@ -487,10 +497,7 @@ def make_config(overrides: dict | None = None, yaml_path: str | None = None, whe
 
 def algo_default(algo: str, name: str):
     """The value ``name`` takes for ``algo`` when nobody sets it: ALGO_DEFAULTS over the dataclass default."""
-    if name in ALGO_DEFAULTS.get(algo, {}):
-        return ALGO_DEFAULTS[algo][name]
-    f = FIELDS[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return ALGO_DEFAULTS.get(algo, {}).get(name, getattr(Config(), name))
 
 
 def check_applicable(algo: str, given: dict) -> None:

@@ -83,23 +83,16 @@ def close_names(name: str, candidates) -> list[str]:
     return [c for distance, c in scored if distance <= limit]
 
 
-def _as_key(hint: str) -> str:
-    """A flag hint as config keys read: ``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` ->
-    ``n_minibatches (...)``."""
-    if not hint.startswith("--"):
-        return hint
-    flag, _, rest = hint.partition(" ")
-    key = flag.removeprefix("--").replace("-", "_")
-    if not rest:
-        return key
-    return f"{key} {rest}" if rest.startswith("(") else f"{key}={rest}"
-
-
 def _phrase(hint: str, as_key: bool) -> str:
-    """A name meant (a flag, or ``callbacks=``) as ``did you mean ...?``; a sentence as it is."""
+    """A name meant (a flag, or ``callbacks=``) as ``did you mean ...?``, a flag as config keys read it when
+    ``as_key`` (``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` -> ``n_minibatches (...)``); a
+    sentence as it is."""
     if not hint.startswith(("--", "callbacks=")):
         return hint
-    return f"did you mean {_as_key(hint) if as_key else hint}?"
+    if as_key and hint.startswith("--"):
+        flag, space, rest = hint.partition(" ")
+        hint = flag.removeprefix("--").replace("-", "_") + ("=" if rest and not rest.startswith("(") else space) + rest
+    return f"did you mean {hint}?"
 
 
 def key_hint(name: str, keys) -> str:

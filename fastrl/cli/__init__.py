@@ -51,28 +51,28 @@ def eval_main(argv: list[str]) -> int:
         raise UserError("--episodes and --seeds must be positive")
     if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
         raise UserError("--max-episode-steps and --max-steps must be positive")
-    from fastrl.run.evaluate import EvaluationStopped, evaluate_checkpoint
+    from fastrl.api import load
+    from fastrl.run.evaluate import EvaluationStopped
     from fastrl.signals import install_stop_handlers, restore_handlers
     stop = {"stop": None}
     previous_handlers = install_stop_handlers(stop)
     try:
-        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
-                                           args.env, args.policy, deterministic=args.deterministic,
-                                           max_steps=args.max_episode_steps,
-                                           max_total_steps=args.max_steps, label="evaluation",
-                                           should_stop=lambda: stop["stop"] is not None)
+        agent = load(args.checkpoint, env=args.env, device=args.device, member=args.member, policy=args.policy)
+        returns = agent.evaluate(episodes=args.episodes, seeds=args.seeds, deterministic=args.deterministic,
+                                 max_episode_steps=args.max_episode_steps, max_steps=args.max_steps,
+                                 should_stop=lambda: stop["stop"] is not None, label="evaluation")
     except EvaluationStopped:
         print("fastrl eval: stopped by a signal before the episodes finished", file=sys.stderr)
         return 130
     finally:
         restore_handlers(previous_handlers)
-    mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+    mean, std, env = float(returns.mean()), float(returns.std()), agent.config.env
     from fastrl.run.console import print_result
     if args.json:
-        line = json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
+        line = json.dumps({"env": env, "episodes": returns.size, "return_mean": mean, "return_std": std,
                            "returns": returns.tolist()})
     else:
-        line = f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
+        line = f"{env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
     return 0 if print_result(line) else 1
 
 
@@ -104,9 +104,8 @@ def bench_main(argv: list[str]) -> int:
     from pathlib import Path
     checkout = Path(__file__).resolve().parents[2]
     if not (checkout / "benchmarks" / "run.py").is_file():
-        print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
-              "repository, pip install -e . there and run fastrl bench", file=sys.stderr)
-        return 2
+        raise UserError("the benchmarks come with a source checkout, not the installed package: clone the "
+                        "repository, pip install -e . there and run fastrl bench")
     if str(checkout) not in sys.path:
         sys.path.insert(0, str(checkout))
     from benchmarks.run import main as run_benchmarks
@@ -129,20 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     if command == "plot":
         from fastrl.run.plot import plot_main
         return plot_main(rest)
-    if command == "bench":
-        return bench_main(rest)
-    if command not in ("tune", "eval", "export"):
-        print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench",
-              file=sys.stderr)
-        return 2
     try:
         if command == "tune":
             from fastrl.cli.tune import tune_main
             return tune_main(rest)
-        return eval_main(rest) if command == "eval" else export_main(rest)
+        if command in ("eval", "export", "bench"):
+            return {"eval": eval_main, "export": export_main, "bench": bench_main}[command](rest)
     except UserError as e:
         print(f"fastrl {command}: error: {e}", file=sys.stderr)
         return 2
+    print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench", file=sys.stderr)
+    return 2
 
 
 def entry() -> int:
