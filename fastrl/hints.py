@@ -58,6 +58,8 @@ POLICY_NAMES = {
     "RecurrentPPO": _RECURRENT, "MaskablePPO": _MASKING,
 }
 _SB3_MODULES = ("stable_baselines3", "sb3_contrib")
+_SB3_CLASS = ("policy takes your own nn.Module actor-critic class (module:ClassName, built as cls(observation_shape, "
+              "action_spec, config)), not a Stable-Baselines3 class")
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -120,9 +122,4 @@ def policy_hint(policy: str) -> str | None:
     module, _, name = policy.rpartition(":")
     if module and module.split(".")[0] not in _SB3_MODULES:
         return None  # a class of the user's own module, whatever its name
-    if name.rsplit(".", 1)[-1] in POLICY_NAMES:
-        return POLICY_NAMES[name.rsplit(".", 1)[-1]]
-    if module:
-        return ("policy takes your own nn.Module actor-critic class (module:ClassName, built as cls(observation_shape, "
-                "action_spec, config)), not a Stable-Baselines3 class")
-    return None
+    return POLICY_NAMES.get(name.rsplit(".", 1)[-1]) or (_SB3_CLASS if module else None)

@@ -47,8 +47,6 @@ def eval_main(argv: list[str]) -> int:
                         help="cut the evaluation after this many env steps, all envs together (default: the run's "
                              "eval_max_steps, 1,000,000)")
     args = parser.parse_args(argv)  # --help exits here, before torch is imported
-    if args.episodes <= 0 or args.seeds <= 0:
-        raise UserError("--episodes and --seeds must be positive")
     if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
         raise UserError("--max-episode-steps and --max-steps must be positive")
     from fastrl.api import load
