@@ -158,11 +158,6 @@ def check_space_with(base: Config, space: dict) -> None:
                 raise UserError(f"space: {name}={value} does not fit the base config: {e}") from None
 
 
-def coerce_values(values: dict) -> dict:
-    """A trial's parameters as config values (``"64,64"`` -> ``[64, 64]``)."""
-    return {name: _coerce(name, value) for name, value in values.items()}
-
-
 # --------------------------------------------------------------------------- batches of trials
 def ask_batch(study, space: dict, size: int, retry: list[dict]) -> list[tuple]:
     """``size`` trials ``(trial, values)`` that share the keys members cannot differ in: the first decides them (TPE,
@@ -242,7 +237,7 @@ def run_batch(study, batch: list[tuple], base: Config, settings: argparse.Namesp
     from fastrl.run.session import run as train_run
     trials, members, member_trial = {}, [], []
     for trial, values in batch:
-        values = coerce_values(values)
+        values = {name: _coerce(name, value) for name, value in values.items()}  # "64,64" -> [64, 64]
         shared = {k: v for k, v in values.items() if k not in VARY_KEYS}
         try:
             population = dataclasses.replace(base, **shared).validate()
@@ -316,7 +311,7 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
         best = study.best_trial
     except ValueError:  # no trial completed yet
         return None
-    values = coerce_values(best.params)
+    values = {name: _coerce(name, value) for name, value in best.params.items()}
     cfg = dataclasses.replace(base, **values).validate()
     data = {key: value for key, value in cfg.to_dict().items() if key not in YAML_IGNORED}
     header = (f"# fastrl tune: the best of {len(finished_trials(study))} finished trials in "
