@@ -55,8 +55,9 @@ def eval_main(argv: list[str]) -> int:
     stop = {"stop": None}
     previous_handlers = install_stop_handlers(stop)
     try:
+        # --env to load (a saved module:Name env needs it) and to evaluate (its spaces checked against the agent's)
         agent = load(args.checkpoint, env=args.env, device=args.device, member=args.member, policy=args.policy)
-        returns = agent.evaluate(episodes=args.episodes, seeds=args.seeds, deterministic=args.deterministic,
+        returns = agent.evaluate(args.env, args.episodes, args.seeds, deterministic=args.deterministic,
                                  max_episode_steps=args.max_episode_steps, max_steps=args.max_steps,
                                  should_stop=lambda: stop["stop"] is not None, label="evaluation")
     except EvaluationStopped:
