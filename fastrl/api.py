@@ -407,8 +407,8 @@ class Agent:
         recurrent = hasattr(self.policy, "state_size")
         if recurrent:
             state = _state_in(state, x)
-            starts = episode_start
-            episode_start = None if starts is None else torch.as_tensor(starts).bool().reshape(-1).to(x.device)
+            if episode_start is not None:
+                episode_start = torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
         action, state = self.raw_policy.step(x, state, episode_start, deterministic)
         if single:
             action = action[0]
