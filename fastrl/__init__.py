@@ -43,8 +43,7 @@ _LAZY = {
     "to_torchrl": "fastrl.envs.torchrl_adapter",
     "Collector": "fastrl.collector",
 }
-__all__ = ["__version__", "train", "load", "evaluate", "Run", "Agent", "Config", "UserError", "EvalCallback",
-           "StopOnReturn", "register_env_factory", "to_torchrl", "Collector"]
+__all__ = ["__version__", *_LAZY]
 # fastrl.train is the API's function, though a module of that name exists (the command's ``python -m fastrl.train``):
 # importing that module must not replace the function here.
 

@@ -30,6 +30,7 @@ None of this changes what a run computes.
 """
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -165,7 +166,6 @@ _COLLECTOR = {"paused": False}
 
 def pause_collector() -> None:
     """The command line's process starts: no full collections while start-up builds its long-lived objects."""
-    import gc
     if gc.isenabled():
         gc.disable()
         _COLLECTOR["paused"] = True
@@ -174,7 +174,6 @@ def pause_collector() -> None:
 def end_collector_pause() -> None:
     """The run loop starts: the collector runs again (if ``pause_collector`` paused it), over new objects only."""
     if _COLLECTOR["paused"]:
-        import gc
         _COLLECTOR["paused"] = False
         gc.freeze()
         gc.enable()
@@ -184,7 +183,6 @@ def settle_collector_for_exit() -> None:
     """Right before the process exits: freeze everything, so the interpreter's last collection skips it; where a
     nanobind extension is loaded (Triton's), unfreeze instead: nanobind reports each of its objects still alive at
     exit as a leak, a screen of stderr."""
-    import gc
     if "triton" in sys.modules:
         gc.unfreeze()
     else:

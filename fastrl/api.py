@@ -127,9 +127,9 @@ def train(
     Any other keyword is a one-line ``UserError`` naming the key meant (``learning_rate`` -> ``lr``, SB3's
     ``policy_kwargs`` -> its keys here).
     """
-    # Every parameter but env, algo, config and callbacks is a config key: those given (not None) override.
+    # Every parameter but env, config and callbacks is a config key: those given (not None) override.
     overrides = {name: value for name, value in locals().items()
-                 if name in FIELDS and name not in ("env", "algo") and value is not None}
+                 if name in FIELDS and name != "env" and value is not None}
     if unknown:
         raise _unknown_key(next(iter(unknown)), "the fastrl.train() arguments")
     refuse_in_spawned_child()
@@ -137,20 +137,8 @@ def train(
     from fastrl.run.run_config import build_config
     from fastrl.run.session import run
 
-    given = {}
-    if algo is not None:
-        given["algo"] = algo
-    made_vector_env = None
-    if env is not None:
-        env, made_vector_env = _vector_env_of(env)
-        given["env"] = env_name(env)
+    given, made_vector_env = _env_keys(env, overrides) if env is not None else ({}, None)
     given.update(overrides)
-    if _is_vector_env(env):
-        _fit_to_vector_env(given, env, overrides)
-    if isinstance(given.get("policy"), type):
-        given["policy"] = policy_name(given["policy"])
-    if isinstance(config, dict) and isinstance(config.get("policy"), type):
-        config = {**config, "policy": policy_name(config["policy"])}
     callbacks = check_callbacks(callbacks)
     cfg, resume_state = build_config(given, config, where="the fastrl.train() arguments")
     threads = torch.get_num_threads()
@@ -164,48 +152,43 @@ def train(
     return Run(Path(summary["run_dir"]) if summary.get("run_dir") else None, summary, _code_names=code_names)
 
 
-def _is_vector_env(env) -> bool:
-    import gymnasium
-    return isinstance(env, gymnasium.vector.VectorEnv)
+def _env_keys(env, overrides: dict) -> tuple[dict, object]:
+    """``(keys, made)``: the config keys ``env`` (as ``train`` takes it) sets, and the vector env fastrl made of it
+    (None: none; whoever called this closes it). A vector env sets ``n_envs`` (its ``num_envs``) and has no separate
+    envs to evaluate on (``eval_episodes`` 0): ``overrides`` asking otherwise are a one-line UserError.
 
-
-def _vector_env_of(env):
-    """``(env, made)``: a function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` (or a
-    TorchRL env) is called once, and ``made`` is that vector env (which ``train`` closes at the end); a TorchRL env
-    becomes a ``fastrl.envs.torchrl_adapter.TorchRLVectorEnv`` (``made`` None); anything else is returned as it is
-    (``made`` None). A function that makes a single env is called once more than it would be otherwise: the env it
-    made here is closed at once."""
+    A function, or a ``VectorEnv`` subclass, that makes a ``gymnasium.vector.VectorEnv`` (or a TorchRL env) is called
+    once; a TorchRL env becomes a ``fastrl.envs.torchrl_adapter.TorchRLVectorEnv``; anything else is named as it is.
+    A function that makes a single env is called once more than it would be otherwise: the env it made here is
+    closed at once."""
     import gymnasium
     from fastrl.envs.torchrl_adapter import TorchRLVectorEnv, is_torchrl_env
+    made = None
     if is_torchrl_env(env):  # an nn.Module, so callable: it is the env, not a factory
-        return TorchRLVectorEnv(env), None
-    is_class = isinstance(env, type)
-    if isinstance(env, str) or not callable(env) or (is_class and not issubclass(env, gymnasium.vector.VectorEnv)):
-        return env, None
-    if not is_class:
-        from fastrl.names import check_env_factory
-        check_env_factory(env, getattr(env, "__qualname__", None) or type(env).__name__)  # callable with no arguments
-    made = env()
-    if is_torchrl_env(made):
-        made = TorchRLVectorEnv(made, owned=True)
-    if isinstance(made, gymnasium.vector.VectorEnv):
-        return made, made
-    if isinstance(made, gymnasium.Env):
-        made.close()
-    return env, None
-
-
-def _fit_to_vector_env(given: dict, vector_env, overrides: dict) -> None:
-    """A user's vector env sets ``n_envs`` (its ``num_envs``) and has no separate envs to evaluate on
-    (``eval_episodes`` 0): asking otherwise is a one-line UserError."""
-    n_envs = vector_env.num_envs
-    if "n_envs" in overrides and overrides["n_envs"] != n_envs:
-        raise UserError(f"n_envs={overrides['n_envs']} but the vector env holds {n_envs} envs: drop n_envs (it comes "
-                        "from the vector env)")
+        env = TorchRLVectorEnv(env)
+    elif callable(env) and not isinstance(env, str) and not (
+            isinstance(env, type) and not issubclass(env, gymnasium.vector.VectorEnv)):
+        if not isinstance(env, type):
+            from fastrl.names import check_env_factory
+            check_env_factory(env, getattr(env, "__qualname__", None) or type(env).__name__)  # no arguments needed
+        made = env()
+        if is_torchrl_env(made):
+            made = TorchRLVectorEnv(made, owned=True)
+        if isinstance(made, gymnasium.vector.VectorEnv):
+            env = made
+        else:
+            if isinstance(made, gymnasium.Env):
+                made.close()
+            made = None
+    if not isinstance(env, gymnasium.vector.VectorEnv):
+        return {"env": env_name(env)}, made
+    if "n_envs" in overrides and overrides["n_envs"] != env.num_envs:
+        raise UserError(f"n_envs={overrides['n_envs']} but the vector env holds {env.num_envs} envs: drop n_envs (it "
+                        "comes from the vector env)")
     if overrides.get("eval_episodes"):
         raise UserError("a vector env object gives fastrl no separate envs to evaluate on: drop eval_episodes, or "
                         "pass the id, class or factory of one env (fastrl then builds the vector env itself)")
-    given["n_envs"], given["eval_episodes"] = n_envs, 0
+    return {"env": env_name(env), "n_envs": env.num_envs, "eval_episodes": 0}, made
 
 
 def _state_in(state, x: torch.Tensor) -> torch.Tensor | None:
@@ -214,15 +197,6 @@ def _state_in(state, x: torch.Tensor) -> torch.Tensor | None:
         return None
     parts = state if isinstance(state, (tuple, list)) else (state,)
     return torch.cat([torch.as_tensor(p).float().reshape(x.shape[0], -1) for p in parts], dim=1).to(x.device)
-
-
-def policy_name(cls: type) -> str:
-    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
-    name = f"{cls.__module__}:{cls.__qualname__}"
-    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
-        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
-                        "__main__ or a function), so checkpoints and other processes can rebuild it")
-    return name
 
 
 def refuse_in_spawned_child() -> None:
@@ -279,8 +253,6 @@ def load(path: str | os.PathLike, best: bool = False, env: str | type | Callable
                             "(drop best=True to load the newest checkpoint)")
     state = load_checkpoint(target)  # one-line UserError for a missing, corrupted or foreign file
     state = select_member(state, member, f"checkpoint {target}")
-    if isinstance(policy, type):
-        policy = policy_name(policy)
     where = f"checkpoint {target}"
     # With the spaces saved, the env is judged only when one is stepped (Agent.evaluate); a saved module:Name policy
     # is used only if passed, as it must be imported to build the model.
@@ -417,17 +389,14 @@ class Agent:
         if len(expected) == 3 and expected[0] < expected[1] and got[-3:] == (*expected[1:], expected[0]):
             x = x.movedim(-1, -3)  # a channels-last image, as the env gives it: channels first, as the model takes it
             got = tuple(x.shape)
-        if got == expected:
-            single = True
-        elif got[1:] == expected:
-            single = False
-        elif self.config.time_feature and len(expected) == 1 and got[-1:] == (expected[0] - 1,):
-            raise UserError(f"observation shape {got} lacks the time feature this agent was trained with "
-                            f"(time_feature): append 1 - t / max_episode_steps to each observation, t the steps "
-                            f"taken in its episode, for shape {expected}")
-        else:
+        if expected not in (got, got[1:]):
+            if self.config.time_feature and len(expected) == 1 and got[-1:] == (expected[0] - 1,):
+                raise UserError(f"observation shape {got} lacks the time feature this agent was trained with "
+                                f"(time_feature): append 1 - t / max_episode_steps to each observation, t the steps "
+                                f"taken in its episode, for shape {expected}")
             raise UserError(f"observation shape {got} does not fit {self.config.env}'s observations: expected "
                             f"{expected} for one or (batch, {', '.join(map(str, expected))}) for a batch")
+        single = got == expected
         if check_finite and x.is_floating_point() and not bool(torch.isfinite(x).all()):
             raise UserError("the observation holds NaN or Inf values; fix the env (or pass check_finite=False to act "
                             "on them anyway)")
@@ -437,13 +406,10 @@ class Agent:
             x = x.unsqueeze(0)
         recurrent = hasattr(self.policy, "state_size")
         if recurrent:
-            starts = None if episode_start is None else torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
-            action, state = self.raw_policy.step(x, _state_in(state, x), starts, deterministic)
-        elif deterministic:
-            action = self.raw_policy(x)
-        else:
-            raw = self.raw_policy
-            action = raw.action(self.policy.get_action_and_value(raw.observation(x))[0])
+            state = _state_in(state, x)
+            if episode_start is not None:
+                episode_start = torch.as_tensor(episode_start).bool().reshape(-1).to(x.device)
+        action, state = self.raw_policy.step(x, state, episode_start, deterministic)
         if single:
             action = action[0]
         action = action.to(out_device) if returns_tensor else action.cpu().numpy()
@@ -515,13 +481,15 @@ class Agent:
         return run
 
     def evaluate(self, env=None, episodes: int = 10, seeds: int = 1, deterministic: bool | None = None,
-                 max_episode_steps: int | None = None, max_steps: int | None = None) -> np.ndarray:
+                 max_episode_steps: int | None = None, max_steps: int | None = None, should_stop=None,
+                 label: str | None = None) -> np.ndarray:
         """Play ``episodes`` whole episodes on each of ``seeds`` fresh evaluation envs (the saved normalizer frozen,
         rewards unscaled). ``deterministic``: the policy's mode, False samples (None: the run's
         ``eval_deterministic``). An episode is cut after ``max_episode_steps`` steps and the evaluation after
         ``max_steps`` env steps in all (None: the run's ``eval_max_episode_steps`` / ``eval_max_steps``); a cut
         episode counts its return so far. ``env``: another env than the run's (an id, ``module:Id``, class or
-        factory) with the same observation and action spaces. Returns the returns, float64 ``[seeds * episodes]``."""
+        factory) with the same observation and action spaces. ``should_stop`` and ``label`` (``fastrl eval``'s): see
+        ``fastrl.run.evaluate.play_first_episodes``. Returns the returns, float64 ``[seeds * episodes]``."""
         from fastrl.run.evaluate import evaluate
         if not (isinstance(episodes, int) and isinstance(seeds, int) and episodes > 0 and seeds > 0):
             raise UserError(f"episodes and seeds must be positive ints, got {episodes!r} and {seeds!r}")
@@ -538,5 +506,5 @@ class Agent:
                                 f"was trained on {self.observation_shape} and {self.action_spec.kind} actions "
                                 f"({self.config.env}); pass an env with the same spaces")
         returns = evaluate(self.policy, cfg, self.normalizer, episodes, seeds, self.device, max_episode_steps,
-                           deterministic, max_steps)
+                           deterministic, max_steps, should_stop, label)
         return returns.numpy()

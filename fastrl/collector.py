@@ -27,22 +27,18 @@ class Collector:
     """
 
     def __init__(self, env_or_config=None, agent=None, **overrides):
-        from fastrl.api import _fit_to_vector_env, _is_vector_env, _vector_env_of
+        from fastrl.api import _env_keys
         from fastrl.config import Config, UserError
         from fastrl.defaults import YAML_IGNORED
-        from fastrl.envs.registry import env_name
         from fastrl.run.run_config import build_config, config_layer
         from fastrl.run.trainer import Trainer
-        given, config, self._made = {}, None, None
+        given, config, self._made = overrides, None, None
         if isinstance(env_or_config, (Config, dict)) or (isinstance(env_or_config, (str, os.PathLike))
                                                         and str(env_or_config).endswith((".yaml", ".yml"))):
             config = env_or_config
         elif env_or_config is not None:
-            env, self._made = _vector_env_of(env_or_config)
-            given["env"] = env_name(env)
-            if _is_vector_env(env):
-                _fit_to_vector_env(given, env, overrides)
-        given.update(overrides)
+            env_keys, self._made = _env_keys(env_or_config, overrides)
+            given = {**env_keys, **overrides}
         if agent is not None:  # the agent's config (every key) lies under what is given here
             saved = {key: value for key, value in agent.config.to_dict().items() if key not in YAML_IGNORED}
             config = {**saved, **config_layer(config, "the Collector arguments")[1]}

@@ -10,6 +10,7 @@ import dataclasses
 import math
 import os
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,66 +347,65 @@ CODE_KEYS = tuple(name for name, f in FIELDS.items() if f.metadata["code"])
 def parse_resources(text: str) -> dict:
     """``actor_resources`` (``KEY=V[,KEY=V]``, V a number >= 0) as ``{key: float}``, or raise UserError."""
     out = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        try:
-            amount = float(value) if sep and key.strip() else -1.0
-        except ValueError:
-            amount = -1.0
-        if amount < 0 or not math.isfinite(amount):
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, _, value = item.partition("=")
+        amount = numeric(value.strip()) if key.strip() else None
+        if not isinstance(amount, (int, float)) or not 0 <= amount < math.inf:
             raise UserError("actor_resources: expected KEY=V with a number V >= 0 (e.g. actor_node=1), got "
                             f"{brief(item)}")
-        out[key.strip()] = amount
+        out[key.strip()] = float(amount)
     return out
 
 
 _TYPES = typing.get_type_hints(Config)
 
 
+def numeric(text: str):
+    """``text`` as a number when it spells one (``"3e-4"`` -> 0.0003, ``"1.5e6"`` -> 1500000), else itself: flags are
+    text, and YAML 1.1 reads ``1e-4`` and ``1.5e6`` (no dot) as strings."""
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
 def _coerce(name: str, value):
     """Convert a YAML or CLI value to the field's type, or raise UserError."""
-    kind = _TYPES[name]
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-    elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(float(value)) if float(value).is_integer() else int(value)
-            except ValueError:
-                pass
-    elif kind is float:
-        try:
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-            if isinstance(value, str):
-                return float(value)
-        except (ValueError, OverflowError):
-            pass
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, os.PathLike):  # run_dir, resume: a pathlib.Path is as good as its string
-            return os.fspath(value)
-    elif kind is dict:
+    kind, given = _TYPES[name], value
+    if kind is dict:
         return _coerce_vary(value)
-    elif kind is list:
-        if isinstance(value, str):
-            try:
-                value = [int(v) for v in value.replace(",", " ").replace("[", " ").replace("]", " ").split()]
-            except ValueError:
-                pass
-        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return list(value)
-    raise UserError(f"{name}: expected {kind.__name__}, got {brief(value)}")
+    if isinstance(value, str) and kind is list:
+        try:
+            value = [int(v) for v in value.replace(",", " ").replace("[", " ").replace("]", " ").split()]
+        except ValueError:
+            pass
+    elif isinstance(value, str) and kind is not str:
+        value = _BOOLS.get(value.lower(), value) if kind is bool else numeric(value)
+    elif isinstance(value, os.PathLike) and kind is str:  # run_dir, resume: a pathlib.Path is as good as its string
+        value = os.fspath(value)
+    elif isinstance(value, type) and name == "policy":  # the class itself, as fastrl.train and fastrl.load take it
+        value = policy_name(value)
+    if isinstance(value, float) and kind is int and value.is_integer():
+        value = int(value)
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value) if abs(value) <= sys.float_info.max else value  # numpy's too; a huge int is refused
+    if kind is list and isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    if kind is not list and isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
+        return value
+    raise UserError(f"{name}: expected {kind.__name__}, got {brief(given)}")
+
+
+def policy_name(cls: type) -> str:
+    """``module:QualName`` of a policy class, which every process (actors, ``fastrl.load``) imports back."""
+    if "<locals>" in cls.__qualname__ or cls.__module__ == "__main__":
+        raise UserError(f"policy {cls.__qualname__} must be a module-level class in an importable module (not "
+                        "__main__ or a function), so checkpoints and other processes can rebuild it")
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _coerce_vary(value) -> dict:
@@ -449,14 +449,32 @@ def _unknown_key(name: str, where: str) -> UserError:
     return UserError(f"unknown config key {brief(name)} in {where}; {key_hint(name, FIELDS)}")
 
 
-def load_yaml(path: str | Path) -> dict:
-    path = resolve_config_path(path)  # a file, or a tuned config's name (ppo/lunarlander)
+def config_keys(values: dict, where: str) -> dict:
+    """``values`` keyed by config keys (``n-envs`` -> ``n_envs``), or a UserError for the first key that is none."""
+    out = {str(key).replace("-", "_"): value for key, value in values.items()}
+    unknown = next((key for key in out if key not in FIELDS), None)
+    if unknown is not None:
+        raise _unknown_key(unknown, where)
+    return out
+
+
+def read_yaml(path: str | Path, what: str):
+    """The YAML document in ``path``, read within ``bounded_yaml``'s bounds, or a one-line UserError that calls the
+    file ``what`` (``"config file"``, ``"space file"``)."""
     try:
-        data = bounded_yaml.safe_load(path.read_text()) or {}
+        return bounded_yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise UserError(f"{what} {str(path)!r} cannot be read ({e.strerror or e}): pass a YAML file") from None
     except UnicodeDecodeError:
-        raise UserError(f"config file {str(path)!r} is not text (not UTF-8): pass a YAML file") from None
+        raise UserError(f"{what} {str(path)!r} is not text (not UTF-8): pass a YAML file") from None
     except yaml.YAMLError as e:
-        raise UserError(f"config file {str(path)!r} is not valid YAML: {first_line(e)}") from None
+        raise UserError(f"{what} {str(path)!r} is not valid YAML: {first_line(e)}") from None
+
+
+def load_yaml(path: str | Path) -> dict:
+    """The mapping of a config file, or of a tuned config named ``path`` (``ppo/lunarlander``)."""
+    path = resolve_config_path(path)
+    data = read_yaml(path, "config file") or {}
     if not isinstance(data, dict):
         raise UserError(f"config file {str(path)!r} must hold a mapping of key: value")
     return data
@@ -465,20 +483,11 @@ def load_yaml(path: str | Path) -> dict:
 def make_config(overrides: dict | None = None, yaml_path: str | None = None, where: str = "overrides") -> Config:
     """Defaults < ``ALGO_DEFAULTS[algo]`` < YAML < overrides, coerced and validated: exactly what is given, with no
     env's tuned config under it (a run's config comes from ``fastrl.run.run_config.build_config``, which ends here)."""
-    values: dict = {}
+    values = {}
     if yaml_path:
-        for key, value in load_yaml(yaml_path).items():
-            key = key.replace("-", "_")
-            if key not in FIELDS:
-                raise _unknown_key(key, yaml_path)
-            if key in YAML_IGNORED:
-                continue
-            values[key] = _coerce(key, value)
-    for key, value in (overrides or {}).items():
-        key = key.replace("-", "_")
-        if key not in FIELDS:
-            raise _unknown_key(key, where)
-        values[key] = _coerce(key, value)
+        values = {k: v for k, v in config_keys(load_yaml(yaml_path), yaml_path).items() if k not in YAML_IGNORED}
+    values.update(config_keys(overrides or {}, where))
+    values = {key: _coerce(key, value) for key, value in values.items()}
     algo = values.get("algo", Config.algo)
     if algo in ALGOS:
         check_applicable(algo, values)
@@ -488,10 +497,7 @@ def make_config(overrides: dict | None = None, yaml_path: str | None = None, whe
 
 def algo_default(algo: str, name: str):
     """The value ``name`` takes for ``algo`` when nobody sets it: ALGO_DEFAULTS over the dataclass default."""
-    if name in ALGO_DEFAULTS.get(algo, {}):
-        return ALGO_DEFAULTS[algo][name]
-    f = FIELDS[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return ALGO_DEFAULTS.get(algo, {}).get(name, getattr(Config(), name))
 
 
 def check_applicable(algo: str, given: dict) -> None:

@@ -66,11 +66,16 @@ class RawPolicy(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.action(self.policy.act_deterministic(self.observation(x)))
 
-    def step(self, x: torch.Tensor, state: torch.Tensor | None, episode_start: torch.Tensor | None,
-             deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """A recurrent policy's step (``RecurrentActorCritic.act``) between raw observations and the env's actions:
-        ``(action, state [B, S])`` from ``state`` (None: zeros), zeroed first where ``episode_start [B]``."""
-        action, state = self.policy.act(self.observation(x), state, episode_start, deterministic)
+    def step(self, x: torch.Tensor, state: torch.Tensor | None = None, episode_start: torch.Tensor | None = None,
+             deterministic: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(action, state)`` between raw observations and the env's actions: a recurrent policy's step
+        (``RecurrentActorCritic.act``) from ``state [B, S]`` (None: zeros), zeroed first where ``episode_start [B]``;
+        another policy's action (its mode, or a sample), with ``state`` None."""
+        obs = self.observation(x)
+        if hasattr(self.policy, "state_size"):
+            action, state = self.policy.act(obs, state, episode_start, deterministic)
+        else:
+            action = self.policy.act_deterministic(obs) if deterministic else self.policy.get_action_and_value(obs)[0]
         return self.action(action), state
 
     def install(self) -> None:

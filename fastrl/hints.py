@@ -58,6 +58,8 @@ POLICY_NAMES = {
     "RecurrentPPO": _RECURRENT, "MaskablePPO": _MASKING,
 }
 _SB3_MODULES = ("stable_baselines3", "sb3_contrib")
+_SB3_CLASS = ("policy takes your own nn.Module actor-critic class (module:ClassName, built as cls(observation_shape, "
+              "action_spec, config)), not a Stable-Baselines3 class")
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -83,23 +85,16 @@ def close_names(name: str, candidates) -> list[str]:
     return [c for distance, c in scored if distance <= limit]
 
 
-def _as_key(hint: str) -> str:
-    """A flag hint as config keys read: ``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` ->
-    ``n_minibatches (...)``."""
-    if not hint.startswith("--"):
-        return hint
-    flag, _, rest = hint.partition(" ")
-    key = flag.removeprefix("--").replace("-", "_")
-    if not rest:
-        return key
-    return f"{key} {rest}" if rest.startswith("(") else f"{key}={rest}"
-
-
 def _phrase(hint: str, as_key: bool) -> str:
-    """A name meant (a flag, or ``callbacks=``) as ``did you mean ...?``; a sentence as it is."""
+    """A name meant (a flag, or ``callbacks=``) as ``did you mean ...?``, a flag as config keys read it when
+    ``as_key`` (``--device cuda`` -> ``device=cuda``, ``--n-minibatches (...)`` -> ``n_minibatches (...)``); a
+    sentence as it is."""
     if not hint.startswith(("--", "callbacks=")):
         return hint
-    return f"did you mean {_as_key(hint) if as_key else hint}?"
+    if as_key and hint.startswith("--"):
+        flag, space, rest = hint.partition(" ")
+        hint = flag.removeprefix("--").replace("-", "_") + ("=" if rest and not rest.startswith("(") else space) + rest
+    return f"did you mean {hint}?"
 
 
 def key_hint(name: str, keys) -> str:
@@ -127,9 +122,4 @@ def policy_hint(policy: str) -> str | None:
     module, _, name = policy.rpartition(":")
     if module and module.split(".")[0] not in _SB3_MODULES:
         return None  # a class of the user's own module, whatever its name
-    if name.rsplit(".", 1)[-1] in POLICY_NAMES:
-        return POLICY_NAMES[name.rsplit(".", 1)[-1]]
-    if module:
-        return ("policy takes your own nn.Module actor-critic class (module:ClassName, built as cls(observation_shape, "
-                "action_spec, config)), not a Stable-Baselines3 class")
-    return None
+    return POLICY_NAMES.get(name.rsplit(".", 1)[-1]) or (_SB3_CLASS if module else None)

@@ -89,13 +89,14 @@ def install_stop_handlers(flag: dict) -> dict:
     """SIGINT/SIGTERM/SIGHUP set ``flag["stop"]`` (and end an env wait, see the module docstring). Returns the
     previous handlers, for ``restore_handlers``."""
     _STATE["signal"] = None
-    handler = _stop_handler(flag)
+    return _install(_stop_handler(flag))
+
+
+def _install(handler) -> dict:
+    """``handler`` for the three stop signals; returns the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}  # Python sets handlers only in the main thread (e.g. fastrl.train called from a worker thread)
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-    for sig in previous:
-        signal.signal(sig, handler)
-    return previous
+    return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
 
 
 def restore_handlers(previous: dict) -> None:
@@ -176,9 +177,7 @@ def install_startup_interrupt() -> dict:
     ends the run before training. Returns the previous handlers (none outside the main thread, where handlers
     cannot be set)."""
     STARTUP_INTERRUPT["signal"] = None
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, _startup_interrupt) for sig in STOP_SIGNALS}
+    return _install(_startup_interrupt)
 
 
 def raise_if_interrupted() -> None:

@@ -122,7 +122,7 @@ def test_checkpointed_model_carries_its_observation_scale():
     cfg = make_config(dict(env="MiniGrid-Empty-5x5-v0"))
     env = make_env(cfg, n_envs=1)
     agent = make_agent(cfg, env.observation_shape, env.action_spec, env.obs_scale)
-    fresh = make_agent(cfg, env.observation_shape, env.action_spec)  # as evaluate_checkpoint builds it
+    fresh = make_agent(cfg, env.observation_shape, env.action_spec)  # as fastrl.load builds it
     fresh.load_state_dict(agent.state_dict())
     assert fresh.obs_scale.item() == pytest.approx(0.1)
     env.close()

@@ -49,7 +49,7 @@ def test_numbers_yaml_reads_as_strings_are_numbers(tmp_path):
     (tmp_path / "space.yaml").write_text("lr: {type: loguniform, low: 1e-5, high: 3e-4}\n"
                                          "n_steps: {type: int, low: 1e1, high: 1.5e2}\n"
                                          "ent_coef: {type: categorical, choices: [0, 1e-3, 1.5e-2]}\n")
-    lr, n_steps, ent_coef = load_space(str(tmp_path / "space.yaml"))
+    lr, n_steps, ent_coef = load_space(str(tmp_path / "space.yaml")).values()
     assert (lr.low, lr.high) == (1e-5, 3e-4) and isinstance(lr.low, float)
     assert (n_steps.low, n_steps.high) == (10, 150) and isinstance(n_steps.low, int)
     assert ent_coef.choices == (0, 1e-3, 1.5e-2)

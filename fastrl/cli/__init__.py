@@ -46,43 +46,32 @@ def eval_main(argv: list[str]) -> int:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="cut the evaluation after this many env steps, all envs together (default: the run's "
                              "eval_max_steps, 1,000,000)")
-    try:
-        args = parser.parse_args(argv)  # --help exits here, before torch is imported
-        if args.episodes <= 0 or args.seeds <= 0:
-            raise UserError("--episodes and --seeds must be positive")
-        if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
-            raise UserError("--max-episode-steps and --max-steps must be positive")
-    except UserError as e:
-        print(f"fastrl eval: error: {e}", file=sys.stderr)
-        return 2
-    from fastrl.run.evaluate import EvaluationStopped, evaluate_checkpoint
-    from fastrl.signals import install_stop_handlers
+    args = parser.parse_args(argv)  # --help exits here, before torch is imported
+    if any(value is not None and value <= 0 for value in (args.max_episode_steps, args.max_steps)):
+        raise UserError("--max-episode-steps and --max-steps must be positive")
+    from fastrl.api import load
+    from fastrl.run.evaluate import EvaluationStopped
+    from fastrl.signals import install_stop_handlers, restore_handlers
     stop = {"stop": None}
-    previous_handlers = {}
+    previous_handlers = install_stop_handlers(stop)
     try:
-        previous_handlers = install_stop_handlers(stop)
-        returns, cfg = evaluate_checkpoint(args.checkpoint, args.episodes, args.seeds, args.device, args.member,
-                                           args.env, args.policy, deterministic=args.deterministic,
-                                           max_steps=args.max_episode_steps,
-                                           max_total_steps=args.max_steps, label="evaluation",
-                                           should_stop=lambda: stop["stop"] is not None)
-    except UserError as e:
-        print(f"fastrl eval: error: {e}", file=sys.stderr)
-        return 2
+        # --env to load (a saved module:Name env needs it) and to evaluate (its spaces checked against the agent's)
+        agent = load(args.checkpoint, env=args.env, device=args.device, member=args.member, policy=args.policy)
+        returns = agent.evaluate(args.env, args.episodes, args.seeds, deterministic=args.deterministic,
+                                 max_episode_steps=args.max_episode_steps, max_steps=args.max_steps,
+                                 should_stop=lambda: stop["stop"] is not None, label="evaluation")
     except EvaluationStopped:
         print("fastrl eval: stopped by a signal before the episodes finished", file=sys.stderr)
         return 130
     finally:
-        import signal
-        for sig, handler in previous_handlers.items():
-            signal.signal(sig, handler)
-    mean, std = returns.mean().item(), returns.std(unbiased=False).item()
+        restore_handlers(previous_handlers)
+    mean, std, env = float(returns.mean()), float(returns.std()), agent.config.env
     from fastrl.run.console import print_result
     if args.json:
-        line = json.dumps({"env": cfg.env, "episodes": returns.numel(), "return_mean": mean, "return_std": std,
+        line = json.dumps({"env": env, "episodes": returns.size, "return_mean": mean, "return_std": std,
                            "returns": returns.tolist()})
     else:
-        line = f"{cfg.env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
+        line = f"{env}: return {mean:.2f} ± {std:.2f} over {args.seeds} seeds x {args.episodes} episodes"
     return 0 if print_result(line) else 1
 
 
@@ -98,15 +87,11 @@ def export_main(argv: list[str]) -> int:
     parser.add_argument("--member", type=int, default=None, help="which agent of a population run (--n-seeds/--vary)")
     parser.add_argument("--policy", default=None, help="the run's custom policy class, module:ClassName or "
                         "path/to/file.py:ClassName (required when the run had one)")
-    try:
-        args = parser.parse_args(argv)  # --help exits here, before torch is imported
-        from fastrl.api import load
-        from fastrl.export import export_target
-        export_target(args.out, args.format)  # before the checkpoint loads
-        path = load(args.run, member=args.member, policy=args.policy).export(args.out, args.format)
-    except UserError as e:
-        print(f"fastrl export: error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)  # --help exits here, before torch is imported
+    from fastrl.api import load
+    from fastrl.export import export_target
+    export_target(args.out, args.format)  # before the checkpoint loads
+    path = load(args.run, member=args.member, policy=args.policy).export(args.out, args.format)
     from fastrl.run.console import print_result
     return 0 if print_result(f"wrote {path} ({args.format})") else 1
 
@@ -118,9 +103,8 @@ def bench_main(argv: list[str]) -> int:
     from pathlib import Path
     checkout = Path(__file__).resolve().parents[2]
     if not (checkout / "benchmarks" / "run.py").is_file():
-        print("fastrl bench: error: the benchmarks come with a source checkout, not the installed package: clone the "
-              "repository, pip install -e . there and run fastrl bench", file=sys.stderr)
-        return 2
+        raise UserError("the benchmarks come with a source checkout, not the installed package: clone the "
+                        "repository, pip install -e . there and run fastrl bench")
     if str(checkout) not in sys.path:
         sys.path.insert(0, str(checkout))
     from benchmarks.run import main as run_benchmarks
@@ -140,18 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         from fastrl.cli.train import main as train_main
         return train_main(rest, prog="fastrl train")
-    if command == "tune":
-        from fastrl.cli.tune import tune_main
-        return tune_main(rest)
-    if command == "eval":
-        return eval_main(rest)
-    if command == "export":
-        return export_main(rest)
     if command == "plot":
         from fastrl.run.plot import plot_main
         return plot_main(rest)
-    if command == "bench":
-        return bench_main(rest)
+    try:
+        if command == "tune":
+            from fastrl.cli.tune import tune_main
+            return tune_main(rest)
+        if command in ("eval", "export", "bench"):
+            return {"eval": eval_main, "export": export_main, "bench": bench_main}[command](rest)
+    except UserError as e:
+        print(f"fastrl {command}: error: {e}", file=sys.stderr)
+        return 2
     print(f"fastrl: error: unknown command {command!r}; use train, tune, eval, export, plot or bench", file=sys.stderr)
     return 2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from fastrl.config import _TYPES, FIELDS, Config, UserError, brief
+from fastrl.config import _TYPES, FIELDS, Config, UserError, algo_default, brief
 from fastrl.errors import ArgParser
 from fastrl.defaults import ALGO_DEFAULTS, config_names
 from fastrl.hints import flag_hint
@@ -39,7 +39,7 @@ def build_parser(prog: str = "fastrl train") -> argparse.ArgumentParser:
         current = starts.get(f.name, current)
         group = groups[HELP_GROUP_OF.get(f.name, current)]
         kind = _TYPES[f.name]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = algo_default("ppo", f.name)  # Config()'s: PPO takes the field defaults
         per_algo = "".join(f"; {algo}: {values[f.name]}" for algo, values in ALGO_DEFAULTS.items()
                            if f.name in values and values[f.name] != default)
         help_text = f"{f.metadata['help']} (default: {default}{per_algo})"
@@ -76,9 +76,8 @@ def parse_cli_overrides(argv: list[str] | None = None, prog: str = "fastrl train
     args, extras = build_parser(prog).parse_known_args(argv)
     if extras:
         raise _unrecognized(extras, also)
-    overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
-    if "hidden_sizes" in overrides:
-        overrides["hidden_sizes"] = " ".join(overrides["hidden_sizes"])
+    overrides = {k: " ".join(v) if _TYPES[k] is list else v  # a list flag's words, as _coerce reads them
+                 for k, v in vars(args).items() if k != "config" and v is not None}
     return overrides, args.config
 
 

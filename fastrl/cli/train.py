@@ -8,7 +8,8 @@ import sys
 from fastrl.cli.flags import config_from_cli
 from fastrl.config import UserError
 from fastrl.run.session import run
-from fastrl.signals import STARTUP_INTERRUPT, Terminated, install_startup_interrupt, stopped_during_startup
+from fastrl.signals import (STARTUP_INTERRUPT, Terminated, install_startup_interrupt, restore_handlers,
+                            stopped_during_startup)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") -> int:
@@ -43,8 +44,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
         STARTUP_INTERRUPT["cut_imports"] = True
         return 128 + signum
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_handlers(previous)
     if summary.get("run_dir"):
         shown = {k: summary[k]
                  for k in ("total_steps", "wall_time_s", "sps", "episode_return_mean", "eval_return_mean")}

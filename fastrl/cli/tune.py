@@ -51,11 +51,11 @@ import os
 import signal
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from fastrl.cli.flags import ArgParser, parse_cli_overrides
-from fastrl.config import _TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable
+from fastrl.config import (_TYPES, FIELDS, Config, UserError, _coerce, _unknown_key, brief, check_applicable,
+                           numeric, read_yaml)
 from fastrl.defaults import VARY_KEYS, YAML_IGNORED
 from fastrl.errors import first_line
 
@@ -69,54 +69,24 @@ COSMETIC_KEYS = (*YAML_IGNORED, "progress", "quiet", "tensorboard", "wandb", "wa
                  "torch_threads")
 
 
-@dataclass(frozen=True)
-class Param:
-    """One search-space entry: ``kind`` one of SPACE_TYPES; ``low``/``high`` (and ``step``, ``log`` for int) or
-    ``choices``."""
-    name: str
-    kind: str
-    low: float = 0.0
-    high: float = 0.0
-    step: int = 1
-    log: bool = False
-    choices: tuple = ()
-
-    def suggest(self, trial):
-        if self.kind == "categorical":
-            return trial.suggest_categorical(self.name, list(self.choices))
-        if self.kind == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), step=self.step, log=self.log)
-        return trial.suggest_float(self.name, self.low, self.high, log=self.kind == "loguniform")
-
-    def extremes(self) -> list:
-        return list(self.choices) if self.kind == "categorical" else [self.low, self.high]
-
-
 def _number(where: str, value, integer: bool = False):
     """``value`` as a number; a string that spells one too, as YAML 1.1 leaves ``1e-4`` and ``1.5e6`` (no dot)."""
     if isinstance(value, str):
-        value = _numeric(value)
+        value = numeric(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if not ok or isinstance(value, bool):
         raise UserError(f"{where}: expected {'an integer' if integer else 'a number'}, got {brief(value)}")
     return value
 
 
-def _numeric(text: str):
-    """``text`` as a number when it spells one (``"3e-4"`` -> 0.0003, ``"1.5e6"`` -> 1500000), else itself."""
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    return int(number) if number.is_integer() else number
-
-
-def parse_space(data, where: str) -> list[Param]:
-    """The entries of a space file (see the module docstring), or a one-line UserError naming the entry."""
+def parse_space(data, where: str) -> dict:
+    """The entries of a space file (see the module docstring) as Optuna distributions by config key, or a one-line
+    UserError naming the entry."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     if not isinstance(data, dict) or not data:
         raise UserError(f"{where}: expected a mapping of config key: {{type: ..., ...}}, e.g. "
                         "lr: {type: loguniform, low: 1.0e-5, high: 1.0e-2}")
-    params = []
+    space = {}
     for name, entry in data.items():
         name = str(name).replace("-", "_")
         if name not in FIELDS:
@@ -140,8 +110,8 @@ def parse_space(data, where: str) -> list[Param]:
                 raise UserError(f"{at}: categorical needs choices: a non-empty list of numbers, strings or booleans "
                                 "(a list-valued key takes strings: \"64,64\")")
             if _TYPES[name] in (int, float):  # a number YAML read as a string (1e-4) is a number
-                choices = [_numeric(c) if isinstance(c, str) else c for c in choices]
-            param = Param(name, kind, choices=tuple(choices))
+                choices = [numeric(c) if isinstance(c, str) else c for c in choices]
+            space[name] = CategoricalDistribution(choices)
         else:
             if "low" not in entry or "high" not in entry:
                 raise UserError(f"{at}: {kind} needs low and high")
@@ -157,60 +127,49 @@ def parse_space(data, where: str) -> list[Param]:
                 raise UserError(f"{at}: int takes step >= 1 and log true|false (log needs low >= 1 and step 1)")
             if not integer and _TYPES[name] is int:
                 raise UserError(f"{at}: {name} is an integer: use type int or categorical")
-            param = Param(name, kind, float(low) if not integer else low, float(high) if not integer else high,
-                          step, log)
-        for value in param.extremes():
+            space[name] = (IntDistribution(low, high, log=log, step=step) if integer
+                           else FloatDistribution(float(low), float(high), log=kind == "loguniform"))
+        for value in extremes(space[name]):
             try:
                 _coerce(name, value)
             except UserError as e:
                 raise UserError(f"{at}: {e}") from None
-        params.append(param)
-    return params
+    return space
 
 
-def load_space(path: str) -> list[Param]:
-    import yaml
-
-    from fastrl import bounded_yaml
-    try:
-        data = bounded_yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise UserError(f"space file {path!r} cannot be read ({e.strerror or e}): pass a YAML file to "
-                        "--space") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"space file {path!r} is not valid YAML: {first_line(e)}") from None
-    return parse_space(data, f"space file {path}")
+def extremes(distribution) -> list:
+    """The values a space entry's checks try: a categorical's choices, or the low and high ends of a range."""
+    return list(getattr(distribution, "choices", ())) or [distribution.low, distribution.high]
 
 
-def check_space_with(base: Config, params: list[Param]) -> None:
+def load_space(path: str) -> dict:
+    return parse_space(read_yaml(path, "space file"), f"space file {path}")
+
+
+def check_space_with(base: Config, space: dict) -> None:
     """Each entry's every extreme (low, high, each choice) on the base config must make a valid run config."""
-    for param in params:
-        for value in param.extremes():
-            coerced = _coerce(param.name, value)
+    for name, distribution in space.items():
+        for value in extremes(distribution):
+            coerced = _coerce(name, value)
             try:
-                check_applicable(base.algo, {param.name: coerced})
-                dataclasses.replace(base, **{param.name: coerced}).validate()
+                check_applicable(base.algo, {name: coerced})
+                dataclasses.replace(base, **{name: coerced}).validate()
             except UserError as e:
-                raise UserError(f"space: {param.name}={value} does not fit the base config: {e}") from None
-
-
-def coerce_values(values: dict) -> dict:
-    """A trial's parameters as config values (``"64,64"`` -> ``[64, 64]``)."""
-    return {name: _coerce(name, value) for name, value in values.items()}
+                raise UserError(f"space: {name}={value} does not fit the base config: {e}") from None
 
 
 # --------------------------------------------------------------------------- batches of trials
-def ask_batch(study, params: list[Param], size: int, retry: list[dict]) -> list[tuple]:
+def ask_batch(study, space: dict, size: int, retry: list[dict]) -> list[tuple]:
     """``size`` trials ``(trial, values)`` that share the keys members cannot differ in: the first decides them (TPE,
     or the first parameters to retry), the others are enqueued with them fixed. Parameters in ``retry`` (a killed
     process's trials) that fit the batch are taken first."""
-    shared = [p.name for p in params if p.name not in VARY_KEYS]
+    shared = [name for name in space if name not in VARY_KEYS]
 
     def ask(fixed):
         if fixed:
             study.enqueue_trial(fixed)
-        trial = study.ask()
-        return trial, {p.name: p.suggest(trial) for p in params}
+        trial = study.ask(space)
+        return trial, trial.params
 
     first = ask(retry.pop(0) if retry else None)
     group = {name: first[1][name] for name in shared}
@@ -278,7 +237,7 @@ def run_batch(study, batch: list[tuple], base: Config, settings: argparse.Namesp
     from fastrl.run.session import run as train_run
     trials, members, member_trial = {}, [], []
     for trial, values in batch:
-        values = coerce_values(values)
+        values = {name: _coerce(name, value) for name, value in values.items()}  # "64,64" -> [64, 64]
         shared = {k: v for k, v in values.items() if k not in VARY_KEYS}
         try:
             population = dataclasses.replace(base, **shared).validate()
@@ -352,7 +311,7 @@ def write_best(study, base: Config, settings: argparse.Namespace, path: Path) ->
         best = study.best_trial
     except ValueError:  # no trial completed yet
         return None
-    values = coerce_values(best.params)
+    values = {name: _coerce(name, value) for name, value in best.params.items()}
     cfg = dataclasses.replace(base, **values).validate()
     data = {key: value for key, value in cfg.to_dict().items() if key not in YAML_IGNORED}
     header = (f"# fastrl tune: the best of {len(finished_trials(study))} finished trials in "
@@ -412,8 +371,8 @@ def base_config(settings: argparse.Namespace, rest: list[str]) -> Config:
 
 
 def tune_main(argv: list[str]) -> int:
-    """The command line: 0 when the study has its trials, 2 with one line for a user error, 130 after a stop
-    signal (re-run the command to continue)."""
+    """The command line: 0 when the study has its trials, 130 after a stop signal (re-run the command to continue);
+    a user error is raised (``fastrl.cli.main`` prints its one line and exits 2)."""
     try:
         settings, rest = build_parser().parse_known_args(argv)
         for name in ("trials", "batch", "trial_seeds", "evals"):
@@ -425,19 +384,16 @@ def tune_main(argv: list[str]) -> int:
             import optuna
         except ImportError:
             raise UserError(INSTALL_HINT) from None
-        params = load_space(settings.space)
+        space = load_space(settings.space)
         base = base_config(settings, rest)
-        check_space_with(base, params)
-        return _tune(optuna, settings, params, base)
-    except UserError as e:
-        print(f"fastrl tune: error: {e}", file=sys.stderr)
-        return 2
+        check_space_with(base, space)
+        return _tune(optuna, settings, space, base)
     except KeyboardInterrupt:
         print("fastrl tune: interrupted; re-run the same command to continue the study", file=sys.stderr)
         return 130
 
 
-def _tune(optuna, settings, params: list[Param], base: Config) -> int:
+def _tune(optuna, settings, space: dict, base: Config) -> int:
     import sqlalchemy.exc
 
     from fastrl.run.rundir import RunLock, make_dirs
@@ -451,7 +407,8 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = f"sqlite:///{tune_dir.resolve() / 'study.db'}"
         study = optuna.create_study(storage=storage, study_name="fastrl", direction="maximize", load_if_exists=True)
-        identity = {"space": [dataclasses.asdict(p) for p in params], "trial_seeds": settings.trial_seeds,
+        identity = {"space": {k: optuna.distributions.distribution_to_json(d) for k, d in space.items()},
+                    "trial_seeds": settings.trial_seeds,
                     "base": {k: v for k, v in base.to_dict().items() if k not in COSMETIC_KEYS}}
         identity = json.loads(json.dumps(identity))
         saved = study.user_attrs.get("fastrl")
@@ -470,15 +427,14 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         study.sampler = optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials, constant_liar=True,
                                                    seed=base.seed + len(study.trials))
         while (done := len(finished_trials(study))) < settings.trials:
-            batch = ask_batch(study, params, min(settings.batch, settings.trials - done), retry)
+            batch = ask_batch(study, space, min(settings.batch, settings.trials - done), retry)
             if os.environ.get("FASTRL_TUNE_TEST_KILL_AT") == str(done):  # test hook: die with this batch RUNNING
                 os.kill(os.getpid(), signal.SIGKILL)
             if run_batch(study, batch, base, settings, tune_dir / "runs") == "stopped":
                 print(f"fastrl tune: interrupted with {done} of {settings.trials} trials finished; re-run the same "
                       "command to continue the study", file=sys.stderr)
                 return 130
-            _report_batch(study, batch, settings)
-            write_best(study, base, settings, tune_dir / "best.yaml")
+            _report_batch(study, batch, settings, write_best(study, base, settings, tune_dir / "best.yaml"))
             if len(finished_trials(study)) == done and all(
                     study.trials[t.number].state.name == "FAIL" for t, _ in batch):
                 raise UserError("every trial of a batch failed (see above): narrow the space")
@@ -493,18 +449,14 @@ def _tune(optuna, settings, params: list[Param], base: Config) -> int:
         lock.release()
 
 
-def _report_batch(study, batch: list[tuple], settings) -> None:
-    """One line per batch: each trial's result and the best so far."""
+def _report_batch(study, batch: list[tuple], settings, best: dict | None) -> None:
+    """One line per batch: each trial's result and the best so far (``write_best``'s figures)."""
     parts = []
     for trial, _ in batch:
         frozen = study.trials[trial.number]
         state = frozen.state.name.lower()
         at = f" at {frozen.last_step:,}" if frozen.last_step is not None else ""
         parts.append(f"#{frozen.number} {frozen.value:.4g}" if state == "complete" else f"#{frozen.number} {state}{at}")
-    best = ""
-    try:
-        best = f"; best #{study.best_trial.number} {study.best_value:.4g}"
-    except ValueError:
-        pass
+    best = f"; best #{best['best_trial']} {best['best_value']:.4g}" if best else ""
     print(f"fastrl tune: {len(finished_trials(study))}/{settings.trials} trials: {', '.join(parts)}{best}",
           file=sys.stderr, flush=True)

@@ -261,24 +261,3 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def evaluate_checkpoint(target, episodes: int, seeds: int, device: str = "cpu", member: int | None = None,
-                        env: str | None = None, policy: str | None = None, **evaluate_kwargs):
-    """Load a checkpoint (file or run dir; ``member``: one agent of a population's) and evaluate it, on ``env`` if
-    given (required for a saved ``module:Name`` env; ``policy`` likewise for a saved custom policy;
-    ``evaluate_kwargs``: ``deterministic``, ``max_steps``, ... as
-    ``evaluate`` takes them). Returns ``(returns [seeds * episodes], config)``."""
-    from fastrl.run.checkpoint import checkpoint_config, load_checkpoint, load_weights, select_member
-    from fastrl.distributed.torchrun import resolve_device
-    from fastrl.envs.batched import probe_env
-    from fastrl.learn.models import make_agent
-
-    state = select_member(load_checkpoint(target), member, f"checkpoint {target}")
-    cfg = checkpoint_config(state, f"checkpoint {target}", {"env": env, "policy": policy})
-    dev = resolve_device(device)
-    shape, _, action_spec = probe_env(cfg)
-    agent = make_agent(cfg, shape, action_spec)
-    load_weights(agent, state["model"], f"checkpoint {target}")
-    agent.to(dev).eval()
-    return evaluate(agent, cfg, state.get("normalizer"), episodes, seeds, dev, **evaluate_kwargs), cfg

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import os
 
-from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _coerce, _unknown_key, brief, load_yaml, make_config
+from fastrl.config import (CODE_KEYS, FIELDS, Config, UserError, _coerce, brief, config_keys, load_yaml,
+                           make_config)
 from fastrl.defaults import GENERAL_DEFAULTS, TUNED_CONFIGS, YAML_IGNORED
 
 # What a resume keeps: the model and its inputs (architecture, env, observation/action spaces, normalizers, the
@@ -44,10 +45,7 @@ def config_layer(config: str | os.PathLike | dict | Config | None, where: str) -
         return None, {}
     else:
         raise UserError(f"config must be a YAML path, a dict or a fastrl Config, got {type(config).__name__}")
-    for key in values:
-        if key.replace("-", "_") not in FIELDS:
-            raise _unknown_key(key, yaml_path or where)
-    return yaml_path, {key.replace("-", "_"): value for key, value in values.items()}
+    return yaml_path, config_keys(values, yaml_path or where)
 
 
 def build_config(given: dict | None = None, config: str | os.PathLike | dict | Config | None = None,
