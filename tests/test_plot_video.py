@@ -247,3 +247,71 @@ def test_a_render_failure_is_one_line_and_leaves_no_files(tmp_path, monkeypatch,
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert err == ["fastrl: warning: no videos: CartPole-v1 cannot render: RuntimeError: no GL context"]
     assert not (tmp_path / "v").exists()
+
+
+# Two user envs whose action mask leaves one valid action a step (push the cart the way the pole leans), so the
+# masked deterministic policy's episode is known whatever its weights: a Dict observation with an ``action_mask``
+# entry, and sb3-contrib's ``action_masks()`` method on a plain observation.
+def _forced_action(state) -> int:
+    return int(state[2] > 0)
+
+
+def _forced_mask(state):
+    import numpy as np
+    mask = np.zeros(2, dtype=np.int8)
+    mask[_forced_action(state)] = 1
+    return mask
+
+
+def _cartpole_class():
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+    return CartPoleEnv
+
+
+class DictMaskedCartPole(_cartpole_class()):
+    def __init__(self, render_mode=None):
+        import gymnasium
+        super().__init__(render_mode=render_mode)
+        self.observation_space = gymnasium.spaces.Dict({"observation": self.observation_space,
+                                                        "action_mask": gymnasium.spaces.MultiBinary(2)})
+
+    def _dict(self, obs):
+        return {"observation": obs, "action_mask": _forced_mask(self.state)}
+
+    def reset(self, **kwargs):
+        obs, info = super().reset(**kwargs)
+        return self._dict(obs), info
+
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (self._dict(obs), *rest)
+
+
+class MaskableCartPole(_cartpole_class()):
+    def action_masks(self):
+        return _forced_mask(self.state).astype(bool)
+
+
+@pytest.mark.parametrize("env_class", [DictMaskedCartPole, MaskableCartPole])
+def test_videos_of_a_user_env_class_with_action_masks(env_class, tmp_path):
+    """A user's own env class renders too, its observations handed to the policy as training's are: each video is
+    exactly the episode the only valid actions make (a frame per step, plus the first)."""
+    import gymnasium
+    import imageio
+
+    import fastrl
+    from fastrl.run.evaluate import eval_seed
+    run = fastrl.train(env=env_class, total_steps=128, n_envs=4, n_steps=16, n_epochs=1, eval_episodes=2,
+                       capture_video=True, run_dir=tmp_path / "run", progress=False, wandb="disabled",
+                       tensorboard=False, plot=False, quiet=True)
+    videos = sorted((tmp_path / "run" / "videos").glob("*.mp4"))
+    assert [p.name for p in videos] == ["episode_0.mp4", "episode_1.mp4"]
+    env = gymnasium.wrappers.TimeLimit(_cartpole_class()(), 5_000)
+    for i, path in enumerate(videos):
+        env.reset(seed=eval_seed(run.agent.config.seed, 0) + i)
+        steps, done = 0, False
+        while not done:
+            _, _, terminated, truncated, _ = env.step(_forced_action(env.unwrapped.state))
+            steps, done = steps + 1, terminated or truncated
+        assert 5 < steps < 5_000
+        assert imageio.get_reader(path).count_frames() == steps + 1

@@ -16,6 +16,9 @@ import numpy as np
 import torch
 
 from fastrl.envs.batched import make_env
+from fastrl.envs.masks import (env_action_masks, masked_observation, masked_observation_space,
+                               with_action_mask)
+from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation
 from fastrl.errors import first_line
 
 VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
@@ -170,13 +173,19 @@ def _skip_video(reason: str) -> list:
     return []
 
 
-def _video_observation(obs, cfg, normalizer_state: dict | None) -> torch.Tensor:
-    """One Gymnasium observation as the batched env hands it to the policy: ``[1, *obs_shape]`` (MiniGrid: the
-    image, channels first; float64 as float32), normalized with the frozen statistics like evaluation's."""
-    if isinstance(obs, dict) and "image" in obs:
-        tensor = torch.from_numpy(np.asarray(obs["image"])).permute(2, 0, 1)
+def _video_observation(obs, form, cfg, normalizer_state: dict | None, action_masks=None) -> torch.Tensor:
+    """One Gymnasium observation as the batched env hands it to the policy: ``[1, *form.shape]`` (a Dict packed, an
+    ``action_masks()`` env's mask appended, a MiniGrid or channels-last image channels first, float64 as float32),
+    normalized with the frozen statistics like evaluation's. ``form``: the env's ``ObservationFormat``."""
+    if action_masks is not None:
+        obs = masked_observation(obs, with_action_mask({}, action_masks))
+    if form.layout is not None:
+        tensor = pack_observation(obs, form.layout, batched=False)
+    elif form.image_key is not None:
+        tensor = torch.from_numpy(np.asarray(obs[form.image_key])).permute(2, 0, 1)
     else:
         tensor = torch.from_numpy(np.atleast_1d(obs))  # a Discrete observation: its integer, as [1]
+        tensor = tensor.permute(2, 0, 1) if form.hwc else tensor
         tensor = tensor.float() if tensor.dtype == torch.float64 else tensor
     tensor = tensor.unsqueeze(0)
     if cfg.normalize_obs and normalizer_state is not None:
@@ -185,13 +194,35 @@ def _video_observation(obs, cfg, normalizer_state: dict | None) -> torch.Tensor:
     return tensor
 
 
+def _render_env(env_id: str):
+    """``(env, None)``: a Gymnasium env of the run's ``env`` (an id, or a ``module:Name`` class or factory) in
+    ``rgb_array`` mode; ``(None, why)`` where there is none."""
+    import gymnasium
+    from fastrl.envs.registry import resolve_env
+    lookup_id, factory = resolve_env(env_id)
+    if factory is None and lookup_id not in gymnasium.registry:
+        return None, f"{env_id} has no Gymnasium env of that id to render it (EnvPool envs do not render)"
+    try:
+        if factory is None:
+            return gymnasium.make(lookup_id, render_mode="rgb_array"), None
+        env = factory(render_mode="rgb_array")
+    except (gymnasium.error.Error, ImportError, TypeError) as e:
+        return None, f"Gymnasium could not build {env_id} to render it: {first_line(e, '?')}"
+    if not isinstance(env, gymnasium.Env):  # a vector env's factory
+        env.close()
+        return None, f"{env_id} is a vector env, which fastrl does not render"
+    return env, None
+
+
 @torch.no_grad()
 def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: torch.device,
                   episodes: int | None = None, max_frames: int = 5_000) -> list[Path]:
     """Record the deterministic policy's first ``episodes`` evaluation episodes of the first eval seed (default
     ``min(3, eval_episodes)``, or 3) to ``video_dir/episode_<i>.mp4``; returns the files written.
 
-    EnvPool envs do not render, so the frames come from a Gymnasium env of the same id in ``rgb_array`` mode,
+    EnvPool envs do not render, so the frames come from a Gymnasium env of the same id (or the user's own
+    ``module:Name`` class or factory, called with ``render_mode``) in ``rgb_array`` mode, its observations handed to
+    the policy as training's batched env hands them (Dict observations packed, ``action_masks()`` read),
     reset with the seeds evaluation gives its Gymnasium envs (the same episodes as the final evaluation when it ran
     on Gymnasium). An episode longer than ``max_frames`` steps is cut there. When the env cannot render or
     imageio is not installed, prints one warning line and returns [] (never fails the run).
@@ -202,8 +233,6 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
     except ImportError:
         return _skip_video('imageio and imageio-ffmpeg are not installed; pip install -e ".[video]"')
     import gymnasium
-    if cfg.env not in gymnasium.registry:
-        return _skip_video(f"{cfg.env} has no Gymnasium env of that id to render it (EnvPool envs do not render)")
     episodes = episodes or min(VIDEO_EPISODES, cfg.eval_episodes or VIDEO_EPISODES)
     # Off-screen rendering: no display, and no pygame banner on stdout. The caller's own settings win.
     saved = {key: os.environ.get(key) for key in ("SDL_VIDEODRIVER", "PYGAME_HIDE_SUPPORT_PROMPT")}
@@ -211,13 +240,16 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     env = None
     try:
-        try:
-            env = gymnasium.make(cfg.env, render_mode="rgb_array")
-        except (gymnasium.error.Error, ImportError, TypeError) as e:
-            return _skip_video(f"Gymnasium could not build {cfg.env} to render it: {first_line(e, '?')}")
+        env, why = _render_env(cfg.env)
+        if env is None:
+            return _skip_video(why)
         if "rgb_array" not in env.metadata.get("render_modes", []):
             return _skip_video(f"{cfg.env} cannot render rgb_array frames")
         space = env.action_space
+        action_masks = env_action_masks(env)
+        observation_space = (masked_observation_space(env.observation_space, action_spec_of(space))
+                             if action_masks is not None else env.observation_space)
+        form = observation_format(observation_space, cfg.env)
         video_dir = Path(video_dir)
         fps = env.metadata.get("render_fps") or 30
         written = []
@@ -234,7 +266,7 @@ def record_videos(agent, cfg, normalizer_state: dict | None, video_dir, device: 
                 writer.append_data(np.asarray(frame))
                 state = None  # a recurrent policy's, from zeros each episode
                 for _ in range(max_frames):
-                    policy_obs = _video_observation(obs, cfg, normalizer_state).to(device)
+                    policy_obs = _video_observation(obs, form, cfg, normalizer_state, action_masks).to(device)
                     action, state = _policy_action(agent, policy_obs, device, True, state)
                     action = action[0]
                     if isinstance(space, gymnasium.spaces.Discrete):
