@@ -131,14 +131,17 @@ def vector_env_name(vector_env) -> str:
         raise UserError(f"env {type(vector_env).__name__} autoresets in mode {getattr(mode, 'name', mode)}; fastrl "
                         "needs the reset step after each episode's end: build it with "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP (Gymnasium's default)")
-    for name, known in VECTOR_ENVS.items():
-        if known is vector_env:
-            return name
-    name, k = f"vector:{type(vector_env).__name__}", 1
-    while name in VECTOR_ENVS:
+    return _registered(VECTOR_ENVS, f"vector:{type(vector_env).__name__}", vector_env)
+
+
+def _registered(table: dict, base: str, obj) -> str:
+    """The name of ``obj`` in ``table``: ``base``, or ``base#2``, ``#3``, ... where other objects hold those names;
+    registered under it if it was not yet."""
+    name, k = base, 1
+    while table.get(name, obj) is not obj:
         k += 1
-        name = f"vector:{type(vector_env).__name__}#{k}"
-    VECTOR_ENVS[name] = vector_env
+        name = f"{base}#{k}"
+    table[name] = obj
     return name
 
 
@@ -172,11 +175,7 @@ def env_name(env) -> str:
     name = f"{module_name}:{qualname}"
     if attribute(sys.modules.get(module_name), qualname) is env:  # what another process imports back
         return name
-    base, k = name, 1
-    while _ENV_FACTORIES.get(name, env) is not env:  # another object already holds this name
-        k += 1
-        name = f"{base}#{k}"
-    return register_env_factory(name, env)
+    return _registered(_ENV_FACTORIES, name, env)
 
 
 def is_process_local(env_id: str) -> bool:
@@ -236,7 +235,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
                             "auto or gymnasium")
         return "gymnasium"
     in_envpool, in_gym = OBSERVATION_SUBSETS.get(env_id, (env_id,))[0] in envpool_ids(), env_id in gymnasium_ids()
-    if backend == "envpool" and in_envpool or backend == "auto" and in_envpool:
+    if backend in ("envpool", "auto") and in_envpool:
         return "envpool"
     if backend in ("gymnasium", "auto") and in_gym:
         return "gymnasium"

@@ -8,8 +8,6 @@ import numpy as np
 import torch
 
 
-
-
 @dataclass
 class EnvStep:
     observation: torch.Tensor
@@ -49,12 +47,13 @@ class EpisodeStats:
         running_length[ids] += valid
         if done.any():
             finished = np.flatnonzero(done) if env_ids is None else ids[done]
-            self.record(running_return[finished], running_length[finished])
+            self.record(running_return[finished], running_length[finished], finished)
             running_return[finished] = 0.0
             running_length[finished] = 0
 
-    def record(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        """Add finished episodes (their returns and lengths, in order) to the ring."""
+    def record(self, returns: np.ndarray, lengths: np.ndarray, env_ids: np.ndarray | None = None) -> None:
+        """Add finished episodes (their returns and lengths, in order; ``env_ids``: the envs they ended in) to the
+        ring."""
         slots = np.arange(self.count, self.count + returns.size) % self.window
         self.returns.numpy()[slots] = returns
         self.lengths.numpy()[slots] = lengths
@@ -63,8 +62,6 @@ class EpisodeStats:
     def recent(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns and lengths of the last ``min(count - window_start, window, limit)`` finished episodes."""
         n = min(self.count - self.window_start, self.window, self.window if limit is None else limit)
-        if n == self.window or (self.window_start == 0 and self.count <= n):
-            return self.returns[:n], self.lengths[:n]  # the whole ring, or its still-unwrapped start
         slots = torch.arange(self.count - n, self.count) % self.window
         return self.returns[slots], self.lengths[slots]
 
@@ -104,24 +101,12 @@ class MemberEpisodeStats(EpisodeStats):
             member.running_return = self.running_return[m * n_envs:(m + 1) * n_envs]
             member.running_length = self.running_length[m * n_envs:(m + 1) * n_envs]
 
-    def update(self, reward, done, valid, env_ids=None) -> None:
-        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
-        local = np.flatnonzero(done)
-        finished = local if env_ids is None else np.asarray(env_ids)[local]
-        if finished.size:  # before the whole env's update clears the finished sums
-            self.record_envs(finished, self.running_return.numpy()[finished] + reward[local] * valid[local],
-                             self.running_length.numpy()[finished] + valid[local], members_only=True)
-        super().update(reward, done, valid, env_ids)
-
-    def record_envs(self, env_ids: np.ndarray, returns: np.ndarray, lengths: np.ndarray,
-                    members_only: bool = False) -> None:
-        """Add episodes that ended in envs ``env_ids`` (in order) to their members' rings (and the whole ring)."""
+    def record(self, returns: np.ndarray, lengths: np.ndarray, env_ids: np.ndarray | None = None) -> None:
+        """Add episodes that ended in envs ``env_ids`` (in order) to their members' rings and the whole ring."""
         owner = np.asarray(env_ids) // self.n_envs
         for m in np.unique(owner):
             self.members[m].record(returns[owner == m], lengths[owner == m])
-        if not members_only:
-            self.record(returns, lengths)
-
+        super().record(returns, lengths)
 
 
 class RunningMeanStd:
