@@ -99,8 +99,9 @@ def _step_scalar(env_id: str, name: str, value, kind):
 
 
 def make_checked_env(env_id: str, make_one, kwargs: dict):
-    """``make_one(**kwargs)``, which must return a gymnasium.Env (else a one-line UserError naming what it returned),
-    inside the guard that reports the env's exceptions and wrong observation shapes."""
+    """``make_one(**kwargs)``, which must return a gymnasium.Env with Gymnasium spaces and at least one action (else a
+    one-line UserError naming what is wrong), inside the guard that reports the env's exceptions and wrong
+    observation shapes."""
     try:
         env = make_one(**kwargs)
     except UserError:
@@ -111,24 +112,18 @@ def make_checked_env(env_id: str, make_one, kwargs: dict):
     if not isinstance(env, gymnasium.Env):
         raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
                         "gymnasium.Env; make it return an environment instance")
-    _check_spaces(env_id, env)
-    return EnvGuard(env, env_id)
-
-
-def _check_spaces(env_id: str, env) -> None:
-    """One line for an env whose observation or action space is not a Gymnasium space, or leaves no action."""
-    spaces = gymnasium.spaces
     for name in ("observation_space", "action_space"):
         space = getattr(env, name, None)
-        if not isinstance(space, spaces.Space):
+        if not isinstance(space, gymnasium.spaces.Space):
             raise UserError(f"env {env_id!r}: its {name} is {brief(space, 40)}, not a gymnasium space; set it to one "
                             "(gymnasium.spaces.Box, Discrete, ...)")
     actions = env.action_space
-    counts = ([int(actions.n)] if isinstance(actions, spaces.Discrete) else
-              np.asarray(actions.nvec).ravel().tolist() if isinstance(actions, spaces.MultiDiscrete) else [1])
+    counts = ([int(actions.n)] if isinstance(actions, gymnasium.spaces.Discrete) else
+              np.asarray(actions.nvec).ravel().tolist() if isinstance(actions, gymnasium.spaces.MultiDiscrete) else [1])
     if min(counts, default=1) < 1:
         raise UserError(f"env {env_id!r}: its action space {brief(actions, 40)} leaves no action to take; give it at "
                         "least one")
+    return EnvGuard(env, env_id)
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
@@ -145,7 +140,7 @@ class BatchedEnv:
                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.envs.torch_envs import TorchEnv
-            return TorchEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
+            return TorchEnv(env_id, n_envs, seed, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import json
 import multiprocessing
 import os
 import signal
@@ -23,6 +24,7 @@ import time
 import traceback
 
 import gymnasium
+import torch
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 
 from fastrl.config import UserError
@@ -40,7 +42,6 @@ class ObservationError(ValueError):
 def check_finite_observation(obs, env_id: str, step: int) -> None:
     """Raise EnvError when ``obs [N, ...]`` (a batch's observations, ``step`` steps after the envs were built) holds
     a NaN or an infinity, naming the env, the first such env index and the step."""
-    import torch
     finite = torch.isfinite(obs).reshape(obs.shape[0], -1).all(1)
     if bool(finite.all()):
         return
@@ -101,8 +102,6 @@ ERROR_BYTES = 4096
 def write_env_error(buffer, error: EnvError) -> None:
     """``error`` as JSON bytes in ``buffer`` (a shared uint8 tensor ``[ERROR_BYTES]``, zero-padded; the trace cut to
     fit): how an IMPALA/APPO actor hands its env's error to the learner."""
-    import json
-    import torch
     record = {"env": error.env_id, "call": error.call, "kind": getattr(error.error, "kind", "") or
               type(error.error).__name__, "message": getattr(error.error, "message", str(error.error)),
               "fault": isinstance(error.error, EnvFault), "trace": error.trace}
@@ -116,7 +115,6 @@ def write_env_error(buffer, error: EnvError) -> None:
 
 def read_env_error(buffer) -> EnvError | None:
     """The EnvError an actor wrote with ``write_env_error`` (None if none, or unreadable)."""
-    import json
     try:
         record = json.loads(bytes(buffer.numpy()).rstrip(b"\0").decode())
         error = EnvFault(record["message"]) if record["fault"] else EnvCodeError(record["message"], record["kind"],

@@ -26,14 +26,18 @@ def envpool_ids() -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
-def is_procgen(env_id: str) -> bool:
-    """An EnvPool Procgen id (``CoinrunEasy-v0``, ...): uint8 ``[3, 64, 64]`` frames, 15 actions. Read from EnvPool's
-    registry, so no Procgen code (and no Qt) is loaded to answer."""
+def envpool_family(env_id: str) -> str | None:
+    """The EnvPool module that registers ``env_id`` (``envpool.atari``, ``envpool.procgen``, ...), None for an id
+    EnvPool lacks. Read from EnvPool's registry, so no env code (and no Procgen Qt) is loaded to answer."""
     if env_id not in envpool_ids():
-        return False
+        return None
     from envpool.registration import registry
-    entry = getattr(registry, "specs", {}).get(env_id)
-    return bool(entry) and entry[0] == "envpool.procgen"
+    return registry.specs[env_id][0]
+
+
+def is_procgen(env_id: str) -> bool:
+    """An EnvPool Procgen id (``CoinrunEasy-v0``, ...): uint8 ``[3, 64, 64]`` frames, 15 actions."""
+    return envpool_family(env_id) == "envpool.procgen"
 
 
 # EnvPool's Procgen links the system Qt 5 libraries (libQt5Core, libQt5Gui); Debian/Ubuntu ship both in this package.
@@ -59,13 +63,9 @@ def require_procgen_runtime(env_id: str) -> None:
                         "on Fedora)") from None
 
 
-@functools.lru_cache(maxsize=None)
 def is_atari(env_id: str) -> bool:
-    """An EnvPool Atari id (its spec has the Atari preprocessing options)."""
-    if env_id not in envpool_ids() or is_procgen(env_id):
-        return False
-    envpool = import_envpool()
-    return hasattr(envpool.make_spec(env_id).config, "episodic_life")
+    """An EnvPool Atari id (``Pong-v5``, ...): its spec has the Atari preprocessing options."""
+    return envpool_family(env_id) == "envpool.atari"
 
 
 def atari_kwargs(cfg, training: bool = True) -> dict:

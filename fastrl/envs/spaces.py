@@ -96,8 +96,7 @@ def dict_layout(space) -> tuple[ObservationPart, ...]:
     """The packing of a gymnasium Dict space: its entries in the space's key order (``MASK_KEY`` last); 3-D Boxes are
     images."""
     parts = []
-    entries = sorted(space.spaces.items(), key=lambda item: item[0] == MASK_KEY)
-    for key, sub in entries:
+    for key, sub in sorted(space.spaces.items(), key=lambda item: item[0] == MASK_KEY):
         shape = tuple(getattr(sub, "shape", None) or ())
         if getattr(sub, "shape", None) is None or not hasattr(sub, "dtype"):
             raise UserError(f"Dict observation entry {key!r} is {sub}; fastrl packs Box, Discrete, MultiDiscrete and "
