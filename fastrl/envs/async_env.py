@@ -48,11 +48,9 @@ def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = AS
     if resolve_backend(env_id, backend) != "envpool":
         return f"{env_id} runs on the Gymnasium vector env, and async collection needs an EnvPool env"
     if n_envs < n_groups or n_envs % n_groups:
-        if processes > 1:
-            return (f"async collection splits each {who}'s {n_envs} envs into {n_groups} equal groups: make n_envs "
-                    f"(all {processes} {who}s' envs together) a multiple of {n_groups * processes}")
-        return (f"async collection splits each process's {n_envs} envs into {n_groups} equal groups: make n_envs a "
-                f"multiple of {n_groups}")
+        together = f" (all {processes} {who}s' envs together)" if processes > 1 else ""
+        return (f"async collection splits each {who}'s {n_envs} envs into {n_groups} equal groups: make n_envs"
+                f"{together} a multiple of {n_groups * processes}")
     return None
 
 

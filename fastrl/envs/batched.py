@@ -40,10 +40,10 @@ from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationError, c
                                      watched_vector_env)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
-from fastrl.envs.registry import (OBSERVATION_SUBSETS, VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
+from fastrl.envs.registry import (OBSERVATION_SUBSETS, atari_kwargs, env_identity, is_atari, is_procgen,
                                   require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
-from fastrl.envs.stats import EnvStep, EpisodeStats, MemberEpisodeStats, MemberRunningMeanStd
+from fastrl.envs.stats import EnvStep, EpisodeStats, MemberRunningMeanStd
 
 
 class EnvGuard(gymnasium.Wrapper):
@@ -174,9 +174,9 @@ class BatchedEnv:
                         obs_space = type(obs_space)(obs_space.low[keep], obs_space.high[keep], dtype=obs_space.dtype)
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {first_line(e)}") from None
-        elif lookup_id in VECTOR_ENVS:
+        elif isinstance(factory, gymnasium.vector.VectorEnv):
             # The user's vector env, stepped as it is (its n_envs); a probe (n_envs=1) only reads its spaces.
-            self._env = VECTOR_ENVS[lookup_id]
+            self._env = factory
             if n_envs not in (1, self._env.num_envs):
                 raise UserError(f"env {env_id!r} is a vector env of {self._env.num_envs} envs, and fastrl cannot build "
                                 f"{n_envs} more of it (evaluation on separate envs, a population): pass the id, class "
@@ -205,7 +205,7 @@ class BatchedEnv:
         try:
             self.action_spec = action_spec_of(act_space)
             # sb3-contrib's action_masks(): read from each step's info (fastrl.envs.masks)
-            self._masks_in_info = (self.backend != "envpool" and lookup_id not in VECTOR_ENVS
+            self._masks_in_info = (self.backend != "envpool" and not getattr(self, "_user_env", False)
                                    and any(self._env.get_attr("reads_action_masks")))
             if self._masks_in_info:
                 obs_space = masked_observation_space(obs_space, self.action_spec)
@@ -222,7 +222,7 @@ class BatchedEnv:
         self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
         self._np_action_dtype = act_space.dtype if self.action_spec.nvec else None
         self.n_members = n_members
-        self.stats = EpisodeStats(n_envs) if n_members == 1 else MemberEpisodeStats(n_members, n_envs // n_members)
+        self.stats = EpisodeStats(n_envs, n_members=n_members)
         self._prev_done = np.zeros(n_envs, dtype=bool)
         if self.action_spec.kind == "continuous":
             self._low = torch.tensor(self.action_spec.low, dtype=torch.float32).view(self.action_spec.shape)

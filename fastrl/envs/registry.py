@@ -108,13 +108,10 @@ def observation_subset(base: str, keep: tuple, **kwargs):
     return gymnasium.wrappers.TransformObservation(env, functools.partial(np.take, indices=list(keep)), subset)
 
 
-# Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function):
-# a config keeps the name, this registry the object, for this process.
+# Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function, a
+# user's gymnasium.vector.VectorEnv: see vector_env_name): a config keeps the name, this registry the object, for this
+# process.
 _ENV_FACTORIES: dict = {}
-
-
-# A user's gymnasium.vector.VectorEnv, by the name its run's config carries (this process only; see vector_env_name).
-VECTOR_ENVS: dict = {}
 
 
 def vector_env_name(vector_env) -> str:
@@ -131,7 +128,7 @@ def vector_env_name(vector_env) -> str:
         raise UserError(f"env {type(vector_env).__name__} autoresets in mode {getattr(mode, 'name', mode)}; fastrl "
                         "needs the reset step after each episode's end: build it with "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP (Gymnasium's default)")
-    return _registered(VECTOR_ENVS, f"vector:{type(vector_env).__name__}", vector_env)
+    return _registered(_ENV_FACTORIES, f"vector:{type(vector_env).__name__}", vector_env)
 
 
 def _registered(table: dict, base: str, obj) -> str:
@@ -180,7 +177,7 @@ def env_name(env) -> str:
 
 def is_process_local(env_id: str) -> bool:
     """Whether ``env_id`` names a factory registered in this process only (other processes cannot rebuild it)."""
-    return env_id in _ENV_FACTORIES or env_id in VECTOR_ENVS
+    return env_id in _ENV_FACTORIES
 
 
 def resolve_env(env_id: str) -> tuple[str, object]:
@@ -189,8 +186,6 @@ def resolve_env(env_id: str) -> tuple[str, object]:
     ``module``; otherwise ``env_id`` itself, with no factory."""
     if env_id in _ENV_FACTORIES:
         return env_id, _ENV_FACTORIES[env_id]
-    if env_id in VECTOR_ENVS:
-        return env_id, VECTOR_ENVS[env_id]
     if env_id.startswith("vector:"):
         raise UserError(f"env {env_id!r} was a vector env object of another process (or of a run that ended); pass the "
                         "vector env itself, or the id, class or factory of one env")

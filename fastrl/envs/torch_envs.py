@@ -25,7 +25,7 @@ import torch
 from fastrl.config import UserError
 from fastrl.envs import torch_classic as classic
 from fastrl.envs.spaces import ActionSpec
-from fastrl.envs.stats import EnvStep, EpisodeStats, MemberEpisodeStats
+from fastrl.envs.stats import EnvStep, EpisodeStats
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class TorchEnv:
         actions = spec.action_spec
         self.action_space = (gymnasium.spaces.Discrete(actions.n) if actions.kind == "discrete" else
                              gymnasium.spaces.Box(actions.low[0], actions.high[0], actions.shape, "float32"))
-        self.stats = EpisodeStats(n_envs) if n_members == 1 else MemberEpisodeStats(n_members, n_envs // n_members)
+        self.stats = EpisodeStats(n_envs, n_members=n_members)
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
         n = n_envs // n_members

@@ -425,8 +425,7 @@ class Trainer:
         return bool(torch.isfinite(self.params).all())
 
     def member_stats(self, m: int):
-        stats = self.env.stats
-        return stats.members[m] if hasattr(stats, "members") else stats
+        return self.env.stats.members[m]
 
     def member_episode_summary(self, m: int) -> dict:
         """Member m's last-100-episode figures."""
