@@ -17,7 +17,7 @@ from reference_update import reference_optimizer, reference_update
 import fastrl.run.compile
 from fastrl.config import make_config
 from fastrl.distributed.torchrun import DistInfo
-from fastrl.envs.stats import EpisodeStats, MemberEpisodeStats
+from fastrl.envs.stats import EpisodeStats
 from fastrl.learn.optim import annealed_lr
 from fastrl.learn.ppo import compute_advantages
 from fastrl.learn.update import LOSS_KEYS, minibatch_index
@@ -289,7 +289,7 @@ def test_cli_refuses_a_shape_key_with_one_line(capsys):
 def test_member_episode_stats_equal_each_members_own():
     rng = np.random.default_rng(0)
     k, n = 3, 4
-    grouped = MemberEpisodeStats(k, n, window=5)
+    grouped = EpisodeStats(k * n, window=5, n_members=k)
     own = [EpisodeStats(n, window=5) for _ in range(k)]
     for _ in range(200):
         reward = rng.normal(size=k * n).astype(np.float32)

@@ -28,7 +28,7 @@ import torch
 from fastrl.config import UserError
 from fastrl.envs.batched import BatchedEnv, NormalizedEnv
 from fastrl.envs.registry import atari_kwargs, is_atari, resolve_backend
-from fastrl.envs.stats import EnvStep, MemberEpisodeStats
+from fastrl.envs.stats import EnvStep
 
 ASYNC_GROUPS = 2  # groups in flight: one steps while the policy acts on the other
 
@@ -48,35 +48,28 @@ def async_unsupported(env_id: str, backend: str, n_envs: int, n_groups: int = AS
     if resolve_backend(env_id, backend) != "envpool":
         return f"{env_id} runs on the Gymnasium vector env, and async collection needs an EnvPool env"
     if n_envs < n_groups or n_envs % n_groups:
-        if processes > 1:
-            return (f"async collection splits each {who}'s {n_envs} envs into {n_groups} equal groups: make n_envs "
-                    f"(all {processes} {who}s' envs together) a multiple of {n_groups * processes}")
-        return (f"async collection splits each process's {n_envs} envs into {n_groups} equal groups: make n_envs a "
-                f"multiple of {n_groups}")
+        together = f" (all {processes} {who}s' envs together)" if processes > 1 else ""
+        return (f"async collection splits each {who}'s {n_envs} envs into {n_groups} equal groups: make n_envs"
+                f"{together} a multiple of {n_groups * processes}")
     return None
 
 
-class AsyncBatchedEnv:
+class AsyncBatchedEnv(BatchedEnv):
     """``n_envs`` EnvPool envs in ``n_groups`` groups of ``group_size``: ``send(action, env_ids)`` / ``recv()``.
 
     Per ``recv()``: one C++ wait for ``group_size`` results, then numpy bookkeeping on ``[group_size]`` arrays (no
-    per-env Python loop). Spaces, ``obs_scale``, ``action_spec`` and ``stats`` as ``BatchedEnv``'s.
+    per-env Python loop). Spaces, ``obs_scale``, ``action_spec`` and ``stats`` as ``BatchedEnv``'s, which builds the
+    pool (with EnvPool's ``batch_size``); its sync ``step()`` is not used.
     """
 
     def __init__(self, env_id: str, n_envs: int, seed: int, n_groups: int = ASYNC_GROUPS, num_threads: int = 0,
-                 env_kwargs: dict | None = None):
+                 env_kwargs: dict | None = None, n_members: int = 1):
         why = async_unsupported(env_id, "envpool", n_envs, n_groups)
         if why:
             raise UserError(f"env_mode=async: {why}; or use --env-mode sync")
         self.n_groups, self.group_size = n_groups, n_envs // n_groups
-        # BatchedEnv builds the pool (with EnvPool's batch_size) and reads its spaces; its sync step() is not used.
-        self._batched = BatchedEnv(env_id, n_envs, seed, "envpool", num_threads,
-                                   env_kwargs={**(env_kwargs or {}), "batch_size": self.group_size})
-        b = self._batched
-        self.env_id, self.n_envs, self.backend = env_id, n_envs, b.backend
-        self.observation_shape, self.observation_dtype = b.observation_shape, b.observation_dtype
-        self.obs_scale, self.action_spec, self.stats = b.obs_scale, b.action_spec, b.stats
-        self._env = b._env
+        super().__init__(env_id, n_envs, seed, "envpool", num_threads,
+                         env_kwargs={**(env_kwargs or {}), "batch_size": self.group_size}, n_members=n_members)
 
     def _recv(self):
         obs, reward, terminated, truncated, info = self._env.recv()
@@ -85,27 +78,22 @@ class AsyncBatchedEnv:
     def reset(self) -> torch.Tensor:
         """Reset every env; return the first observations ``[n_envs, *obs]`` in env order. Nothing stays in flight."""
         self._env.async_reset()
+        self._restart()
         first = torch.zeros(self.n_envs, *self.observation_shape, dtype=self.observation_dtype)
         for _ in range(self.n_groups):
             obs, *_, env_ids = self._recv()
-            first[torch.from_numpy(env_ids)] = self._batched._obs(obs)
-        self._batched._prev_done[:] = False
-        self.stats.running_return.zero_()
-        self.stats.running_length.zero_()
+            first[torch.from_numpy(env_ids)] = self._obs(obs)
         return first
 
     def send(self, action: torch.Tensor, env_ids: np.ndarray) -> None:
         """Step the envs ``env_ids`` (int ``[k]``, k a multiple of ``group_size``) with ``action`` (CPU ``[k, ...]``)."""
-        self._env.send(self._batched._action(action), env_ids.astype(np.int32, copy=False))
+        self._env.send(self._action(action), env_ids.astype(np.int32, copy=False))
 
     def recv(self) -> AsyncStep:
         """The next ``group_size`` finished env steps (whichever envs were ready), with their env ids."""
         obs, reward, terminated, truncated, info, env_ids = self._recv()
-        flags = self._batched._flags(reward, terminated, truncated, info, self.stats, env_ids)
-        return AsyncStep(self._batched._obs(obs), *map(torch.from_numpy, flags), env_ids=env_ids)
-
-    def close(self) -> None:
-        self._batched.close()
+        flags = self._flags(reward, terminated, truncated, info, env_ids)
+        return AsyncStep(self._obs(obs), *map(torch.from_numpy, flags), env_ids=env_ids)
 
 
 def make_async_env(cfg, n_envs: int | None = None, seed: int | None = None,
@@ -115,15 +103,9 @@ def make_async_env(cfg, n_envs: int | None = None, seed: int | None = None,
     envs are K members' blocks, each with its own episode statistics (``fastrl.distributed.async_collect.GroupedRollout``
     groups each member's envs as its single run does)."""
     kwargs = atari_kwargs(cfg, True) if is_atari(cfg.env) else None
-    n_envs = n_envs or cfg.n_envs
-    env = AsyncBatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, n_groups, cfg.env_threads,
-                          env_kwargs=kwargs)
-    k = len(members) if members else 1
-    if k > 1:
-        env.stats = MemberEpisodeStats(k, n_envs // k)
-    env.n_members = k
-    return NormalizedEnv(env, False, False, [m.gamma for m in members] if k > 1 else cfg.gamma, cfg.obs_clip,
-                         cfg.reward_clip, training=True)
+    env = AsyncBatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, n_groups, cfg.env_threads,
+                          env_kwargs=kwargs, n_members=len(members or [cfg]))
+    return NormalizedEnv(env, False, False, [m.gamma for m in members or [cfg]], cfg.obs_clip, cfg.reward_clip)
 
 
 def resolve_env_mode(cfg, n_envs: int) -> str:

@@ -29,66 +29,61 @@ import multiprocessing
 import sys
 import warnings
 
+import gymnasium
 import numpy as np
 import torch
 
 from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
 from fastrl.errors import first_line
-from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationShapeError, check_finite_observation,
+from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationError, check_finite_observation,
                                      watched_vector_env)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
-from fastrl.envs.registry import (OBSERVATION_SUBSETS, VECTOR_ENVS, atari_kwargs, env_identity, is_atari, is_procgen,
+from fastrl.envs.registry import (OBSERVATION_SUBSETS, atari_kwargs, env_identity, is_atari, is_procgen,
                                   require_procgen_runtime, resolve_backend, resolve_env)
 from fastrl.envs.spaces import ActionSpec, action_spec_of, observation_format, pack_observation
-from fastrl.envs.stats import EnvStep, EpisodeStats, MemberEpisodeStats, MemberRunningMeanStd, RunningMeanStd
+from fastrl.envs.stats import EnvStep, EpisodeStats, MemberRunningMeanStd
 
 
-@functools.lru_cache(maxsize=1)
-def _env_guard():
-    import gymnasium
+class EnvGuard(gymnasium.Wrapper):
+    """Around each Python env: an exception in reset/step becomes an EnvCodeError carrying the env's traceback,
+    and a Box observation of another shape than the space's raises ObservationError (not a numpy broadcast
+    error further on). An env with ``action_masks()`` puts its mask in each step's info (``fastrl.envs.masks``)."""
 
-    class EnvGuard(gymnasium.Wrapper):
-        """Around each Python env: an exception in reset/step becomes an EnvCodeError carrying the env's traceback,
-        and a Box observation of another shape than the space's raises ObservationShapeError (not a numpy broadcast
-        error further on). An env with ``action_masks()`` puts its mask in each step's info (``fastrl.envs.masks``)."""
+    def __init__(self, env, env_id: str):
+        super().__init__(env)
+        self._env_id = env_id
+        space = env.observation_space
+        self._shape = tuple(space.shape) if isinstance(space, gymnasium.spaces.Box) else None
+        self._action_masks = env_action_masks(env)
+        self.reads_action_masks = self._action_masks is not None
 
-        def __init__(self, env, env_id: str):
-            super().__init__(env)
-            self._env_id = env_id
-            space = env.observation_space
-            self._shape = tuple(space.shape) if isinstance(space, gymnasium.spaces.Box) else None
-            self._action_masks = env_action_masks(env)
-            self.reads_action_masks = self._action_masks is not None
+    def _check(self, obs, call: str):
+        if self._shape is not None and np.shape(obs) != self._shape:
+            raise ObservationError(
+                f"env {self._env_id!r} returned an observation of shape {np.shape(obs)} from {call}(), but its "
+                f"observation_space has shape {self._shape}: return observations of shape {self._shape} from "
+                f"{call}() (or declare the shape it returns in observation_space)")
 
-        def _check(self, obs, call: str):
-            if self._shape is not None and np.shape(obs) != self._shape:
-                raise ObservationShapeError(
-                    f"env {self._env_id!r} returned an observation of shape {np.shape(obs)} from {call}(), but its "
-                    f"observation_space has shape {self._shape}: return observations of shape {self._shape} from "
-                    f"{call}() (or declare the shape it returns in observation_space)")
+    def reset(self, **kwargs):
+        try:
+            obs, info = self.env.reset(**kwargs)
+        except Exception as e:  # noqa: BLE001  (the user's code: whatever it raises is reported the same way)
+            raise EnvCodeError.from_exception(e) from None
+        self._check(obs, "reset")
+        return obs, with_action_mask(info, self._action_masks)
 
-        def reset(self, **kwargs):
-            try:
-                obs, info = self.env.reset(**kwargs)
-            except Exception as e:  # noqa: BLE001  (the user's code: whatever it raises is reported the same way)
-                raise EnvCodeError.from_exception(e) from None
-            self._check(obs, "reset")
-            return obs, with_action_mask(info, self._action_masks)
-
-        def step(self, action):
-            try:
-                obs, reward, terminated, truncated, info = self.env.step(action)
-            except Exception as e:  # noqa: BLE001
-                raise EnvCodeError.from_exception(e) from None
-            self._check(obs, "step")
-            flags = (_step_scalar(self._env_id, name, x, bool) for name, x in (("terminated", terminated),
-                                                                             ("truncated", truncated)))
-            return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags,
-                    with_action_mask(info, self._action_masks))
-
-    return EnvGuard
+    def step(self, action):
+        try:
+            obs, reward, terminated, truncated, info = self.env.step(action)
+        except Exception as e:  # noqa: BLE001
+            raise EnvCodeError.from_exception(e) from None
+        self._check(obs, "step")
+        flags = (_step_scalar(self._env_id, name, x, bool) for name, x in (("terminated", terminated),
+                                                                         ("truncated", truncated)))
+        return (obs, _step_scalar(self._env_id, "reward", reward, float), *flags,
+                with_action_mask(info, self._action_masks))
 
 
 def _step_scalar(env_id: str, name: str, value, kind):
@@ -104,9 +99,9 @@ def _step_scalar(env_id: str, name: str, value, kind):
 
 
 def make_checked_env(env_id: str, make_one, kwargs: dict):
-    """``make_one(**kwargs)``, which must return a gymnasium.Env (else a one-line UserError naming what it returned),
-    inside the guard that reports the env's exceptions and wrong observation shapes."""
-    import gymnasium
+    """``make_one(**kwargs)``, which must return a gymnasium.Env with Gymnasium spaces and at least one action (else a
+    one-line UserError naming what is wrong), inside the guard that reports the env's exceptions and wrong
+    observation shapes."""
     try:
         env = make_one(**kwargs)
     except UserError:
@@ -117,25 +112,18 @@ def make_checked_env(env_id: str, make_one, kwargs: dict):
     if not isinstance(env, gymnasium.Env):
         raise UserError(f"env {env_id!r}: its factory returned {type(env).__name__} ({str(env)[:40]}), not a "
                         "gymnasium.Env; make it return an environment instance")
-    _check_spaces(env_id, env)
-    return _env_guard()(env, env_id)
-
-
-def _check_spaces(env_id: str, env) -> None:
-    """One line for an env whose observation or action space is not a Gymnasium space, or leaves no action."""
-    import gymnasium
-    spaces = gymnasium.spaces
     for name in ("observation_space", "action_space"):
         space = getattr(env, name, None)
-        if not isinstance(space, spaces.Space):
+        if not isinstance(space, gymnasium.spaces.Space):
             raise UserError(f"env {env_id!r}: its {name} is {brief(space, 40)}, not a gymnasium space; set it to one "
                             "(gymnasium.spaces.Box, Discrete, ...)")
     actions = env.action_space
-    counts = ([int(actions.n)] if isinstance(actions, spaces.Discrete) else
-              np.asarray(actions.nvec).ravel().tolist() if isinstance(actions, spaces.MultiDiscrete) else [1])
+    counts = ([int(actions.n)] if isinstance(actions, gymnasium.spaces.Discrete) else
+              np.asarray(actions.nvec).ravel().tolist() if isinstance(actions, gymnasium.spaces.MultiDiscrete) else [1])
     if min(counts, default=1) < 1:
         raise UserError(f"env {env_id!r}: its action space {brief(actions, 40)} leaves no action to take; give it at "
                         "least one")
+    return EnvGuard(env, env_id)
 
 
 def _to_tensor(array: np.ndarray) -> torch.Tensor:
@@ -152,7 +140,7 @@ class BatchedEnv:
                 env_kwargs: dict | None = None, n_members: int = 1, time_feature: bool = False, timeout_s: float = 60.0):
         if backend == "torch":  # not a BatchedEnv, so Python skips __init__ on it
             from fastrl.envs.torch_envs import TorchEnv
-            return TorchEnv(env_id, n_envs, seed, num_threads, env_kwargs, n_members=n_members)
+            return TorchEnv(env_id, n_envs, seed, env_kwargs, n_members=n_members)
         return super().__new__(cls)
 
     def __init__(self, env_id: str, n_envs: int, seed: int, backend: str = "auto", num_threads: int = 0,
@@ -186,9 +174,9 @@ class BatchedEnv:
                         obs_space = type(obs_space)(obs_space.low[keep], obs_space.high[keep], dtype=obs_space.dtype)
             except (TypeError, ValueError, RuntimeError) as e:
                 raise UserError(f"EnvPool could not build {env_id!r}: {first_line(e)}") from None
-        elif lookup_id in VECTOR_ENVS:
+        elif isinstance(factory, gymnasium.vector.VectorEnv):
             # The user's vector env, stepped as it is (its n_envs); a probe (n_envs=1) only reads its spaces.
-            self._env = VECTOR_ENVS[lookup_id]
+            self._env = factory
             if n_envs not in (1, self._env.num_envs):
                 raise UserError(f"env {env_id!r} is a vector env of {self._env.num_envs} envs, and fastrl cannot build "
                                 f"{n_envs} more of it (evaluation on separate envs, a population): pass the id, class "
@@ -197,7 +185,6 @@ class BatchedEnv:
             self._user_env = True  # the user's (or fastrl.train's caller's) to close, never this wrapper's
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         else:
-            import gymnasium
             # gymnasium.make imports module of a module:Id itself, so worker processes find the id however started.
             make_one = factory if factory is not None else functools.partial(gymnasium.make, env_id)
             fns = [functools.partial(make_checked_env, env_id, make_one, env_kwargs) for _ in range(n_envs)]
@@ -218,7 +205,7 @@ class BatchedEnv:
         try:
             self.action_spec = action_spec_of(act_space)
             # sb3-contrib's action_masks(): read from each step's info (fastrl.envs.masks)
-            self._masks_in_info = (self.backend != "envpool" and lookup_id not in VECTOR_ENVS
+            self._masks_in_info = (self.backend != "envpool" and not getattr(self, "_user_env", False)
                                    and any(self._env.get_attr("reads_action_masks")))
             if self._masks_in_info:
                 obs_space = masked_observation_space(obs_space, self.action_spec)
@@ -234,19 +221,19 @@ class BatchedEnv:
         # Atari: statistics from the unclipped reward and the real game over, not the (per-life) terminated flag.
         self._game_stats = self.backend == "envpool" and is_atari(lookup_id)
         self._np_action_dtype = act_space.dtype if self.action_spec.nvec else None
-        self.stats = EpisodeStats(n_envs)
+        self.n_members = n_members
+        self.stats = EpisodeStats(n_envs, n_members=n_members)
         self._prev_done = np.zeros(n_envs, dtype=bool)
         if self.action_spec.kind == "continuous":
             self._low = torch.tensor(self.action_spec.low, dtype=torch.float32).view(self.action_spec.shape)
             self._high = torch.tensor(self.action_spec.high, dtype=torch.float32).view(self.action_spec.shape)
             self._np_action_dtype = np.float32 if self.backend == "envpool" else act_space.dtype
-        self._time_limit = self._time_feature_limit(env_id, lookup_id, factory, obs_space, env_kwargs) \
-            if time_feature else 0
+        self._time_limit = self._time_feature_limit(env_id, obs_space) if time_feature else 0
         if self._time_limit:
             self.observation_shape = (self.observation_shape[0] + 1,)
             self._elapsed = np.zeros(n_envs, dtype=np.int64)
 
-    def _time_feature_limit(self, env_id: str, lookup_id: str, factory, obs_space, env_kwargs: dict) -> int:
+    def _time_feature_limit(self, env_id: str, obs_space) -> int:
         """The episode time limit the time feature counts down (refused with one line where it cannot apply)."""
         why = None
         if self.layout is not None or self._image_key or len(self.observation_shape) != 1:
@@ -257,12 +244,8 @@ class BatchedEnv:
         if why is None:
             if self.backend == "envpool":
                 limit = getattr(self._env.spec.config, "max_episode_steps", None)
-            elif getattr(self._env, "envs", None):  # a SyncVectorEnv: its first env's registered spec
-                limit = getattr(getattr(self._env.envs[0], "spec", None), "max_episode_steps", None)
-            elif factory is None and lookup_id not in VECTOR_ENVS:  # worker processes: the id's own, or the override
-                import gymnasium
-                limit = env_kwargs.get("max_episode_steps") or getattr(gymnasium.spec(lookup_id), "max_episode_steps",
-                                                                        None)
+            elif hasattr(self._env, "get_attr"):  # a Gymnasium vector env: its first env's spec, with its time limit
+                limit = getattr(self._env.get_attr("spec")[0], "max_episode_steps", None)
             if not limit or limit <= 0:
                 why = "it has no episode time limit fastrl can read (register it with max_episode_steps)"
         if why:
@@ -295,12 +278,16 @@ class BatchedEnv:
                 obs, info = self._env.reset(seed=[self._seed + i for i in range(self.n_envs)])
             except Exception as e:  # noqa: BLE001  (the user's env code: whatever it raises stops the run)
                 raise EnvError(self.env_id, e, "reset") from e
-        self._prev_done = np.zeros(self.n_envs, dtype=bool)
+        self._restart()
+        return self._obs(obs, info)
+
+    def _restart(self) -> None:
+        """Every env at the start of an episode: no reset step due, the running episode totals at 0."""
+        self._prev_done[:] = False
         if self._time_limit:
             self._elapsed[:] = 0
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
-        return self._obs(obs, info)
 
     def _action(self, action: torch.Tensor) -> np.ndarray:
         """``action`` (CPU tensor, see ActionSpec) as the env takes it: a continuous one clipped to the Box; the
@@ -310,7 +297,7 @@ class BatchedEnv:
         act = action.numpy()
         return act if self._np_action_dtype is None else act.astype(self._np_action_dtype, copy=False)
 
-    def _flags(self, reward, terminated, truncated, info, stats: EpisodeStats, env_ids=None) -> tuple:
+    def _flags(self, reward, terminated, truncated, info, env_ids=None) -> tuple:
         """``(reward, terminated, truncated, valid, done)`` of one step of the envs ``env_ids`` (None: all) as numpy
         arrays (cheaper than torch at these sizes), ``_prev_done`` and ``stats`` updated (Atari: by the game)."""
         ids = slice(None) if env_ids is None else env_ids
@@ -321,9 +308,9 @@ class BatchedEnv:
         done = terminated | truncated
         self._prev_done[ids] = done
         if self._game_stats:
-            stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid, env_ids)
+            self.stats.update(info["reward"], info["terminated"].astype(bool) | truncated, valid, env_ids)
         else:
-            stats.update(reward, done, valid, env_ids)
+            self.stats.update(reward, done, valid, env_ids)
         return reward, terminated, truncated, valid, done
 
     def step(self, action: torch.Tensor) -> EnvStep:
@@ -334,7 +321,7 @@ class BatchedEnv:
             if self.backend == "envpool":
                 raise
             raise EnvError(self.env_id, e, "step") from e
-        flags = self._flags(reward, terminated, truncated, info, self.stats)
+        flags = self._flags(reward, terminated, truncated, info)
         if self._time_limit:  # a reset step starts its episode's count again
             self._elapsed = np.where(flags[3], self._elapsed + 1, 0)
         return EnvStep(self._obs(obs, info), *map(torch.from_numpy, flags))
@@ -370,15 +357,6 @@ class NormalizedEnv:
 
     def __getattr__(self, name):
         return getattr(self.env, name)
-
-    @property
-    def obs_rms(self) -> RunningMeanStd:
-        """The (first) member's observation statistics: a single run's (a copy)."""
-        return self.obs_stats.member(0)
-
-    @property
-    def return_rms(self) -> RunningMeanStd:
-        return self.return_stats.member(0)
 
     def _obs(self, obs: torch.Tensor) -> torch.Tensor:
         """``obs [K * n, ...]``, normalized by each member's statistics (updated first when training): float32."""
@@ -426,17 +404,14 @@ def make_env(cfg, n_envs: int | None = None, seed: int | None = None, training: 
     """Build the (normalized) batched env that ``cfg`` describes. ``members`` (a population's configs, K > 1): the
     ``n_envs`` envs are K members' blocks, each with its own normalizer and episode statistics."""
     kwargs = atari_kwargs(cfg, training) if cfg.env_backend != "gymnasium" and is_atari(cfg.env) else None
-    n_envs = n_envs or cfg.n_envs
-    k = len(members) if members else 1
-    env = BatchedEnv(cfg.env, n_envs, cfg.seed if seed is None else seed, cfg.env_backend, cfg.env_threads,
-                     env_kwargs=kwargs, n_members=k, time_feature=cfg.time_feature, timeout_s=cfg.env_timeout_s)
+    env = BatchedEnv(cfg.env, n_envs or cfg.n_envs, cfg.seed if seed is None else seed, cfg.env_backend,
+                     cfg.env_threads, env_kwargs=kwargs, n_members=len(members or [cfg]),
+                     time_feature=cfg.time_feature, timeout_s=cfg.env_timeout_s)
     if cfg.normalize_obs and getattr(env, "mask_width", 0):
         env.close()
         raise UserError(f"env {cfg.env!r} has action masks, which normalize_obs would rescale: drop normalize_obs")
-    if k > 1:
-        env.stats = MemberEpisodeStats(k, n_envs // k)
-    gammas = [m.gamma for m in members] if k > 1 else cfg.gamma
-    return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, gammas, cfg.obs_clip, cfg.reward_clip, training)
+    return NormalizedEnv(env, cfg.normalize_obs, cfg.normalize_reward, [m.gamma for m in members or [cfg]],
+                         cfg.obs_clip, cfg.reward_clip, training)
 
 
 def probe_env(cfg) -> tuple[tuple, torch.dtype, ActionSpec]:

@@ -23,10 +23,7 @@ def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: 
     """Allocate the ``[T, N]`` buffer once. Host storage is pinned when the learner is on CUDA. ``state_size`` S (a
     recurrent policy's): with ``episode_start [T, N]`` and ``recurrent_state [T, N, S]`` (see ``fastrl.run.recurrent``)."""
     T, N = n_steps, n_envs
-    if action_spec.kind == "discrete":  # MultiDiscrete: one int64 per component
-        action = torch.zeros(T, N, *action_spec.shape, dtype=torch.int64)
-    else:
-        action = torch.zeros(T, N, *action_spec.shape, dtype=torch.float32)
+    action_dtype = torch.int64 if action_spec.kind == "discrete" else torch.float32  # MultiDiscrete: one per part
 
     def f32():
         return torch.zeros(T, N, dtype=torch.float32)
@@ -36,7 +33,7 @@ def make_rollout_buffer(n_steps: int, n_envs: int, obs_shape: tuple, obs_dtype: 
 
     buffer = TensorDict({
         "observation": torch.zeros(T, N, *obs_shape, dtype=obs_dtype),
-        "action": action,
+        "action": torch.zeros(T, N, *action_spec.shape, dtype=action_dtype),
         "sample_log_prob": f32(),
         "state_value": f32(),
         "advantage": f32(),

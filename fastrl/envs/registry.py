@@ -26,14 +26,18 @@ def envpool_ids() -> frozenset:
 
 
 @functools.lru_cache(maxsize=None)
-def is_procgen(env_id: str) -> bool:
-    """An EnvPool Procgen id (``CoinrunEasy-v0``, ...): uint8 ``[3, 64, 64]`` frames, 15 actions. Read from EnvPool's
-    registry, so no Procgen code (and no Qt) is loaded to answer."""
+def envpool_family(env_id: str) -> str | None:
+    """The EnvPool module that registers ``env_id`` (``envpool.atari``, ``envpool.procgen``, ...), None for an id
+    EnvPool lacks. Read from EnvPool's registry, so no env code (and no Procgen Qt) is loaded to answer."""
     if env_id not in envpool_ids():
-        return False
+        return None
     from envpool.registration import registry
-    entry = getattr(registry, "specs", {}).get(env_id)
-    return bool(entry) and entry[0] == "envpool.procgen"
+    return registry.specs[env_id][0]
+
+
+def is_procgen(env_id: str) -> bool:
+    """An EnvPool Procgen id (``CoinrunEasy-v0``, ...): uint8 ``[3, 64, 64]`` frames, 15 actions."""
+    return envpool_family(env_id) == "envpool.procgen"
 
 
 # EnvPool's Procgen links the system Qt 5 libraries (libQt5Core, libQt5Gui); Debian/Ubuntu ship both in this package.
@@ -59,13 +63,9 @@ def require_procgen_runtime(env_id: str) -> None:
                         "on Fedora)") from None
 
 
-@functools.lru_cache(maxsize=None)
 def is_atari(env_id: str) -> bool:
-    """An EnvPool Atari id (its spec has the Atari preprocessing options)."""
-    if env_id not in envpool_ids() or is_procgen(env_id):
-        return False
-    envpool = import_envpool()
-    return hasattr(envpool.make_spec(env_id).config, "episodic_life")
+    """An EnvPool Atari id (``Pong-v5``, ...): its spec has the Atari preprocessing options."""
+    return envpool_family(env_id) == "envpool.atari"
 
 
 def atari_kwargs(cfg, training: bool = True) -> dict:
@@ -108,13 +108,10 @@ def observation_subset(base: str, keep: tuple, **kwargs):
     return gymnasium.wrappers.TransformObservation(env, functools.partial(np.take, indices=list(keep)), subset)
 
 
-# Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function):
-# a config keeps the name, this registry the object, for this process.
+# Envs given as Python objects that cannot be imported back by name (a lambda, a class defined inside a function, a
+# user's gymnasium.vector.VectorEnv: see vector_env_name): a config keeps the name, this registry the object, for this
+# process.
 _ENV_FACTORIES: dict = {}
-
-
-# A user's gymnasium.vector.VectorEnv, by the name its run's config carries (this process only; see vector_env_name).
-VECTOR_ENVS: dict = {}
 
 
 def vector_env_name(vector_env) -> str:
@@ -131,14 +128,17 @@ def vector_env_name(vector_env) -> str:
         raise UserError(f"env {type(vector_env).__name__} autoresets in mode {getattr(mode, 'name', mode)}; fastrl "
                         "needs the reset step after each episode's end: build it with "
                         "autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP (Gymnasium's default)")
-    for name, known in VECTOR_ENVS.items():
-        if known is vector_env:
-            return name
-    name, k = f"vector:{type(vector_env).__name__}", 1
-    while name in VECTOR_ENVS:
+    return _registered(_ENV_FACTORIES, f"vector:{type(vector_env).__name__}", vector_env)
+
+
+def _registered(table: dict, base: str, obj) -> str:
+    """The name of ``obj`` in ``table``: ``base``, or ``base#2``, ``#3``, ... where other objects hold those names;
+    registered under it if it was not yet."""
+    name, k = base, 1
+    while table.get(name, obj) is not obj:
         k += 1
-        name = f"vector:{type(vector_env).__name__}#{k}"
-    VECTOR_ENVS[name] = vector_env
+        name = f"{base}#{k}"
+    table[name] = obj
     return name
 
 
@@ -172,16 +172,12 @@ def env_name(env) -> str:
     name = f"{module_name}:{qualname}"
     if attribute(sys.modules.get(module_name), qualname) is env:  # what another process imports back
         return name
-    base, k = name, 1
-    while _ENV_FACTORIES.get(name, env) is not env:  # another object already holds this name
-        k += 1
-        name = f"{base}#{k}"
-    return register_env_factory(name, env)
+    return _registered(_ENV_FACTORIES, name, env)
 
 
 def is_process_local(env_id: str) -> bool:
     """Whether ``env_id`` names a factory registered in this process only (other processes cannot rebuild it)."""
-    return env_id in _ENV_FACTORIES or env_id in VECTOR_ENVS
+    return env_id in _ENV_FACTORIES
 
 
 def resolve_env(env_id: str) -> tuple[str, object]:
@@ -190,8 +186,6 @@ def resolve_env(env_id: str) -> tuple[str, object]:
     ``module``; otherwise ``env_id`` itself, with no factory."""
     if env_id in _ENV_FACTORIES:
         return env_id, _ENV_FACTORIES[env_id]
-    if env_id in VECTOR_ENVS:
-        return env_id, VECTOR_ENVS[env_id]
     if env_id.startswith("vector:"):
         raise UserError(f"env {env_id!r} was a vector env object of another process (or of a run that ended); pass the "
                         "vector env itself, or the id, class or factory of one env")
@@ -236,7 +230,7 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
                             "auto or gymnasium")
         return "gymnasium"
     in_envpool, in_gym = OBSERVATION_SUBSETS.get(env_id, (env_id,))[0] in envpool_ids(), env_id in gymnasium_ids()
-    if backend == "envpool" and in_envpool or backend == "auto" and in_envpool:
+    if backend in ("envpool", "auto") and in_envpool:
         return "envpool"
     if backend in ("gymnasium", "auto") and in_gym:
         return "gymnasium"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import gymnasium
 import numpy as np
 import torch
 
@@ -40,7 +41,6 @@ class ActionSpec:
 
 def action_spec_of(space) -> ActionSpec:
     """The ``ActionSpec`` of a Gymnasium action space (a one-line UserError for one fastrl cannot act in)."""
-    import gymnasium
     if isinstance(space, gymnasium.spaces.Discrete):
         return ActionSpec("discrete", n=int(space.n))
     if isinstance(space, (gymnasium.spaces.MultiDiscrete, gymnasium.spaces.MultiBinary)):
@@ -62,7 +62,6 @@ def action_spec_of(space) -> ActionSpec:
 def one_hot_sizes(space) -> tuple[tuple, tuple] | None:
     """``(sizes, starts)`` of a Discrete (one component) or MultiDiscrete (flattened) space: component i takes the
     values ``starts[i] .. starts[i] + sizes[i] - 1``. None for any other space."""
-    import gymnasium
     if isinstance(space, gymnasium.spaces.Discrete):
         return (int(space.n),), (int(space.start),)
     if isinstance(space, gymnasium.spaces.MultiDiscrete):
@@ -97,8 +96,7 @@ def dict_layout(space) -> tuple[ObservationPart, ...]:
     """The packing of a gymnasium Dict space: its entries in the space's key order (``MASK_KEY`` last); 3-D Boxes are
     images."""
     parts = []
-    entries = sorted(space.spaces.items(), key=lambda item: item[0] == MASK_KEY)
-    for key, sub in entries:
+    for key, sub in sorted(space.spaces.items(), key=lambda item: item[0] == MASK_KEY):
         shape = tuple(getattr(sub, "shape", None) or ())
         if getattr(sub, "shape", None) is None or not hasattr(sub, "dtype"):
             raise UserError(f"Dict observation entry {key!r} is {sub}; fastrl packs Box, Discrete, MultiDiscrete and "

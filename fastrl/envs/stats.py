@@ -8,8 +8,6 @@ import numpy as np
 import torch
 
 
-
-
 @dataclass
 class EnvStep:
     observation: torch.Tensor
@@ -23,10 +21,13 @@ class EnvStep:
 class EpisodeStats:
     """Per-env running return and length, and a ring of the last ``window`` finished episodes.
 
-    Reset steps (``valid`` False) add nothing. All bookkeeping is vectorized over envs.
+    Reset steps (``valid`` False) add nothing. All bookkeeping is vectorized over envs. ``n_members`` K: the envs are
+    K members' equal blocks (member m owns envs ``[m * n, (m + 1) * n)``), and ``members[m]`` is member m's own
+    ``EpisodeStats`` (running sums: views of these; at K = 1 this one), whose ``recent()``, ``summary()`` and state
+    equal those of member m's single run.
     """
 
-    def __init__(self, n_envs: int, window: int = 100):
+    def __init__(self, n_envs: int, window: int = 100, n_members: int = 1):
         self.running_return = torch.zeros(n_envs, dtype=torch.float64)
         self.running_length = torch.zeros(n_envs, dtype=torch.int64)
         self.returns = torch.zeros(window, dtype=torch.float64)
@@ -34,6 +35,11 @@ class EpisodeStats:
         self.window = window
         self.count = 0  # finished episodes so far
         self.window_start = 0  # recent() only looks at episodes from here on
+        self.member_envs = n = n_envs // n_members
+        self.members = [EpisodeStats(n, window) for _ in range(n_members)] if n_members > 1 else [self]
+        for m, member in enumerate(self.members):  # at K = 1 a view of the whole, which changes nothing
+            member.running_return = self.running_return[m * n:(m + 1) * n]
+            member.running_length = self.running_length[m * n:(m + 1) * n]
 
     def update(self, reward, done, valid, env_ids=None) -> None:
         """``reward``, ``done``, ``valid``: ``[N]`` CPU tensors or numpy arrays; or ``[k]`` for the envs ``env_ids``
@@ -49,12 +55,17 @@ class EpisodeStats:
         running_length[ids] += valid
         if done.any():
             finished = np.flatnonzero(done) if env_ids is None else ids[done]
-            self.record(running_return[finished], running_length[finished])
+            self.record(running_return[finished], running_length[finished], finished)
             running_return[finished] = 0.0
             running_length[finished] = 0
 
-    def record(self, returns: np.ndarray, lengths: np.ndarray) -> None:
-        """Add finished episodes (their returns and lengths, in order) to the ring."""
+    def record(self, returns: np.ndarray, lengths: np.ndarray, env_ids: np.ndarray | None = None) -> None:
+        """Add finished episodes (their returns and lengths, in order; ``env_ids``: the envs they ended in) to the
+        ring, and a population's to their members' rings too."""
+        if len(self.members) > 1:
+            owner = np.asarray(env_ids) // self.member_envs
+            for m in np.unique(owner):
+                self.members[m].record(returns[owner == m], lengths[owner == m])
         slots = np.arange(self.count, self.count + returns.size) % self.window
         self.returns.numpy()[slots] = returns
         self.lengths.numpy()[slots] = lengths
@@ -63,8 +74,6 @@ class EpisodeStats:
     def recent(self, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns and lengths of the last ``min(count - window_start, window, limit)`` finished episodes."""
         n = min(self.count - self.window_start, self.window, self.window if limit is None else limit)
-        if n == self.window or (self.window_start == 0 and self.count <= n):
-            return self.returns[:n], self.lengths[:n]  # the whole ring, or its still-unwrapped start
         slots = torch.arange(self.count - n, self.count) % self.window
         return self.returns[slots], self.lengths[slots]
 
@@ -89,39 +98,6 @@ class EpisodeStats:
         self.returns.copy_(state["returns"])
         self.lengths.copy_(state["lengths"])
         self.count = int(state["count"])
-
-
-class MemberEpisodeStats(EpisodeStats):
-    """``EpisodeStats`` over ``n_members * n_envs`` envs that also keeps a last-``window`` ring per member
-    (member ``m`` owns envs ``[m * n_envs, (m + 1) * n_envs)``). ``members[m]`` is member m's own
-    ``EpisodeStats``: its ``recent()``, ``summary()`` and state equal those of member m's single run."""
-
-    def __init__(self, n_members: int, n_envs: int, window: int = 100):
-        super().__init__(n_members * n_envs, window)
-        self.n_envs = n_envs
-        self.members = [EpisodeStats(n_envs, window) for _ in range(n_members)]
-        for m, member in enumerate(self.members):  # running sums are views of the whole env's
-            member.running_return = self.running_return[m * n_envs:(m + 1) * n_envs]
-            member.running_length = self.running_length[m * n_envs:(m + 1) * n_envs]
-
-    def update(self, reward, done, valid, env_ids=None) -> None:
-        reward, done, valid = np.asarray(reward), np.asarray(done), np.asarray(valid)
-        local = np.flatnonzero(done)
-        finished = local if env_ids is None else np.asarray(env_ids)[local]
-        if finished.size:  # before the whole env's update clears the finished sums
-            self.record_envs(finished, self.running_return.numpy()[finished] + reward[local] * valid[local],
-                             self.running_length.numpy()[finished] + valid[local], members_only=True)
-        super().update(reward, done, valid, env_ids)
-
-    def record_envs(self, env_ids: np.ndarray, returns: np.ndarray, lengths: np.ndarray,
-                    members_only: bool = False) -> None:
-        """Add episodes that ended in envs ``env_ids`` (in order) to their members' rings (and the whole ring)."""
-        owner = np.asarray(env_ids) // self.n_envs
-        for m in np.unique(owner):
-            self.members[m].record(returns[owner == m], lengths[owner == m])
-        if not members_only:
-            self.record(returns, lengths)
-
 
 
 class RunningMeanStd:

@@ -19,6 +19,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import gymnasium
 import torch
 
 from fastrl.config import UserError
@@ -110,13 +111,11 @@ class TorchEnv:
 
     ``step()`` runs ``env_step`` eagerly (vectorized torch ops, no per-env Python, no numpy) and updates ``stats``.
     A compiled rollout uses ``pure_step``, ``tensor_state``, ``set_tensor_state`` and ``draw_reset_uniform``
-    instead. Tensors live on ``device`` (CPU by default, as the EnvStep contract has them). ``env_kwargs`` may set
-    ``max_episode_steps``; ``num_threads`` is accepted and ignored.
+    instead. Tensors live on the CPU, as the EnvStep contract has them. ``env_kwargs`` may set ``max_episode_steps``.
     """
     backend = "torch"
 
-    def __init__(self, env_id: str, n_envs: int, seed: int, num_threads: int = 0, env_kwargs: dict | None = None,
-                 device: torch.device | str = "cpu", n_members: int = 1):
+    def __init__(self, env_id: str, n_envs: int, seed: int, env_kwargs: dict | None = None, n_members: int = 1):
         spec = resolve_torch_env(env_id)
         env_kwargs = dict(env_kwargs or {})
         max_episode_steps = int(env_kwargs.pop("max_episode_steps", spec.max_episode_steps))
@@ -124,24 +123,23 @@ class TorchEnv:
             raise UserError(f"env_backend torch: {env_id} takes no option {', '.join(sorted(env_kwargs))}; "
                             "use env_backend auto")
         self.env_id, self.n_envs, self.max_episode_steps, self.spec = env_id, n_envs, max_episode_steps, spec
-        self.device = torch.device(device)
         self.observation_shape, self.observation_dtype, self.obs_scale = spec.observation_shape, torch.float32, 1.0
         self.action_spec = spec.action_spec
-        import gymnasium  # the spaces Gymnasium declares, bounds loosened to the real line
+        # the spaces Gymnasium declares, bounds loosened to the real line
         self.observation_space = gymnasium.spaces.Box(-float("inf"), float("inf"), spec.observation_shape, "float32")
         actions = spec.action_spec
         self.action_space = (gymnasium.spaces.Discrete(actions.n) if actions.kind == "discrete" else
                              gymnasium.spaces.Box(actions.low[0], actions.high[0], actions.shape, "float32"))
-        self.stats = EpisodeStats(n_envs)
+        self.stats = EpisodeStats(n_envs, n_members=n_members)
         # A population's member m owns envs [m * n, (m + 1) * n) and draws its resets from the generator its single
         # run would have (seeded with its base env seed, seed + m * n), so its envs replay that run's.
         n = n_envs // n_members
-        self.member_generators = [torch.Generator(device=self.device).manual_seed(seed + m * n) for m in range(n_members)]
+        self.member_generators = [torch.Generator().manual_seed(seed + m * n) for m in range(n_members)]
         self._member_envs = n
         # Until reset(), every env is due to reset on its next step.
-        self._physics = torch.zeros(n_envs, spec.state_width, dtype=torch.float64, device=self.device)
-        self._elapsed = torch.zeros(n_envs, dtype=torch.int64, device=self.device)
-        self._prev_done = torch.ones(n_envs, dtype=torch.bool, device=self.device)
+        self._physics = torch.zeros(n_envs, spec.state_width, dtype=torch.float64)
+        self._elapsed = torch.zeros(n_envs, dtype=torch.int64)
+        self._prev_done = torch.ones(n_envs, dtype=torch.bool)
         self.pure_step = functools.partial(env_step, spec, max_episode_steps=max_episode_steps)
 
     @property
@@ -157,7 +155,7 @@ class TorchEnv:
     def draw_reset_uniform(self) -> torch.Tensor:
         """``[n_envs, reset_draws]`` float64 U(0, 1) draws from the env's generator: one step's ``reset_uniform``."""
         width = self.spec.reset_draws
-        return torch.cat([torch.rand(self._member_envs, width, dtype=torch.float64, generator=g, device=self.device)
+        return torch.cat([torch.rand(self._member_envs, width, dtype=torch.float64, generator=g)
                           for g in self.member_generators])
 
     def reset(self) -> torch.Tensor:
@@ -169,7 +167,7 @@ class TorchEnv:
         return self.spec.observe(self._physics)
 
     def step(self, action: torch.Tensor) -> EnvStep:
-        """Step all envs with ``action`` (on ``device``; see ``env_step``)."""
+        """Step all envs with ``action`` (see ``env_step``)."""
         physics, elapsed, done, obs, reward, terminated, truncated, valid = self.pure_step(
             *self.tensor_state, action, self.draw_reset_uniform())
         self.set_tensor_state((physics, elapsed, done))  # in place: tensor_state's tensors stay the live ones

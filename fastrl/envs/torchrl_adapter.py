@@ -141,9 +141,8 @@ def to_torchrl(batch: TensorDictBase, next_observation: torch.Tensor | None = No
         "collector": TensorDict({"mask": valid}, batch_size=[N, T]),
         "next": TensorDict(next_entries, batch_size=[N, T]),
     }
-    if with_advantage:
-        entries["advantage"] = _batch_first(batch["advantage"]).unsqueeze(-1)
-        entries["value_target"] = _batch_first(batch["value_target"]).unsqueeze(-1)
+    for key in ("advantage", "value_target") if with_advantage else ():
+        entries[key] = _batch_first(batch[key]).unsqueeze(-1)
     return TensorDict(entries, batch_size=[N, T], device=batch.device)
 
 

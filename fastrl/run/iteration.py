@@ -172,7 +172,4 @@ def record_finished(stats, done: torch.Tensor, finished_return: torch.Tensor, fi
     if not bool(done.any()):
         return
     returns, lengths = finished_return[done].numpy(), finished_length[done].numpy()
-    if hasattr(stats, "record_envs"):  # a population's: each episode to its member's ring too
-        stats.record_envs(done.nonzero()[:, 1].numpy(), returns, lengths)
-    else:
-        stats.record(returns, lengths)
+    stats.record(returns, lengths, done.nonzero()[:, 1].numpy())  # a population's: to its members' rings too

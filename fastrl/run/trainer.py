@@ -402,8 +402,7 @@ class Trainer(MemberState):
             compute_advantages(batch[:, m * n:(m + 1) * n], member.gamma, member.gae_lambda)
 
     def member_stats(self, m: int):
-        stats = self.env.stats
-        return stats.members[m] if hasattr(stats, "members") else stats
+        return self.env.stats.members[m]
 
     def episode_summary(self) -> dict:
         """Recent-episode statistics: for K > 1 the means over members, with ``episode_return_min`` (the loop's
