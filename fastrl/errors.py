@@ -2,6 +2,7 @@
 command line prints it as one line without a traceback (documented as ``fastrl.config.UserError``)."""
 import argparse
 import reprlib
+import sys
 
 
 class UserError(Exception):
@@ -18,6 +19,13 @@ class ArgParser(argparse.ArgumentParser):
 
 _BRIEF = reprlib.Repr()
 _BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict, _BRIEF.maxstring, _BRIEF.maxother = 3, 6, 6, 80, 80
+
+
+def print_line(line: str) -> None:
+    """``line`` and its newline to stderr in one write: ``print`` writes the text and the newline apart, and a line
+    the run's logging process (or another rank) writes in between would join the two."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def first_line(error: BaseException, default: str = "") -> str:

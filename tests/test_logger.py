@@ -156,3 +156,36 @@ def test_sinks_that_are_off_are_never_imported(tmp_path):
             "print(sorted(m for m in ('wandb', 'tensorboard', 'torch.utils.tensorboard', 'tqdm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_warning_and_error_lines_reach_stderr_in_one_write_each(monkeypatch):
+    """The run's logging process and the run itself share stderr: a line written as its text and then its newline
+    (``print``) can have the other process's line land in between (seen on a full disk: the sink's warning and the
+    run's error joined into one line). Each goes out as one write, newline included."""
+    from fastrl.cli import train as cli_train
+    from fastrl.config import UserError
+
+    class Writes:
+        def __init__(self):
+            self.calls = []
+
+        def write(self, text):
+            self.calls.append(text)
+            return len(text)
+
+        def flush(self):
+            pass
+
+    writes = Writes()
+    monkeypatch.setattr(sys, "stderr", writes)
+    sink = BackgroundSink("wandb", open=lambda: object(), write=lambda *_: None, finish=lambda _writer: None)
+    sink._warn("could not start", OSError(28, "No space left on device"))
+    sink.close()
+
+    def full_disk(*_args, **_kwargs):
+        raise UserError("no space left on device writing metrics.jsonl")
+    monkeypatch.setattr(cli_train, "config_from_cli", full_disk)
+    assert cli_train.main([]) == 2
+    assert len(writes.calls) == 2, writes.calls
+    assert writes.calls[0].startswith("fastrl: warning: wandb could not start") and writes.calls[0].endswith("\n")
+    assert writes.calls[1] == "fastrl: error: no space left on device writing metrics.jsonl\n"

@@ -7,6 +7,7 @@ import sys
 
 from fastrl.cli.flags import config_from_cli
 from fastrl.config import UserError
+from fastrl.errors import print_line
 from fastrl.run.session import run
 from fastrl.signals import (STARTUP_INTERRUPT, Terminated, install_startup_interrupt, restore_handlers,
                             stopped_during_startup)
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fastrl.train") ->
             cfg, resume_state = config_from_cli(argv, prog=prog)
             summary = run(cfg, resume_state)
         except UserError as e:  # an env's failure (an EnvError) carries the env's own traceback first
-            print(getattr(e, "trace", "") + f"fastrl: error: {e}", file=sys.stderr)
+            print_line(getattr(e, "trace", "") + f"fastrl: error: {e}")
             return 2
         where = f": {summary['run_dir']} is saved; continue it with --resume" if summary.get("run_dir") else ""
         if summary.get("stop_signal") == "SIGINT" or STARTUP_INTERRUPT["signal"] == signal.SIGINT:

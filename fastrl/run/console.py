@@ -6,6 +6,7 @@ import os
 import sys
 
 from fastrl.config import FIELDS, Config
+from fastrl.errors import print_line
 
 # Settings only EnvPool's Atari envs read.
 ATARI_KEYS = ("frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_atari_reward")
@@ -13,7 +14,7 @@ ATARI_KEYS = ("frame_skip", "frame_stack", "noop_max", "episodic_life", "clip_at
 
 def say(cfg: Config, message: str) -> None:
     if not cfg.quiet:
-        print(f"fastrl: {message}", file=sys.stderr, flush=True)
+        print_line(f"fastrl: {message}")
 
 
 def print_result(text: str) -> bool:

@@ -19,7 +19,7 @@ from fastrl.envs.batched import make_env
 from fastrl.envs.masks import (env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
 from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation
-from fastrl.errors import first_line
+from fastrl.errors import first_line, print_line
 
 VIDEO_EPISODES = 3  # episodes recorded by capture_video (fewer when eval_episodes is smaller)
 PROGRESS_EVERY_S = 5.0  # a labelled evaluation prints a progress line this often
@@ -169,7 +169,7 @@ def evaluate_per_seed(agent, cfg, normalizer_state: dict | None, episodes: int, 
 
 
 def _skip_video(reason: str) -> list:
-    print(f"fastrl: warning: no videos: {reason}", file=sys.stderr)
+    print_line(f"fastrl: warning: no videos: {reason}")
     return []
 
 

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from fastrl.errors import first_line
+from fastrl.errors import first_line, print_line
 
 
 def _plain(value):
@@ -61,8 +61,8 @@ class BackgroundSink:
 
     def _warn(self, what: str, error: BaseException) -> None:
         self.failed = True
-        print(f"fastrl: warning: {self.name} {what} ({type(error).__name__}: {first_line(error, '?')}); the run goes "
-              "on without it", file=sys.stderr)
+        print_line(f"fastrl: warning: {self.name} {what} ({type(error).__name__}: {first_line(error, '?')}); the run "
+                   "goes on without it")
 
     def _run(self) -> None:
         writer = None
@@ -318,8 +318,8 @@ class SinkProcess:
             self._child.stdin.write(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
             self._child.stdin.flush()
         except OSError as e:  # the child died (killed by hand): the run goes on without its sinks
-            print(f"fastrl: warning: the logging process ended ({type(e).__name__}: {first_line(e, '?')}); the run "
-                  "goes on without TensorBoard and wandb", file=sys.stderr)
+            print_line(f"fastrl: warning: the logging process ended ({type(e).__name__}: {first_line(e, '?')}); the "
+                       "run goes on without TensorBoard and wandb")
             self._close_pipe()
 
     def _close_pipe(self) -> None:
