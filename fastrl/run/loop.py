@@ -49,6 +49,7 @@ import torch
 from fastrl.config import UserError
 from fastrl.distributed import torchrun
 from fastrl.envs.env_workers import EnvError
+from fastrl.errors import print_line
 from fastrl.run.callbacks import CallbackError, RunContext, run_callbacks
 from fastrl.run.checkpoint import checkpoint_path, save_checkpoint
 from fastrl.run.evaluate import EvaluationStopped, describe, evaluate, record_videos
@@ -75,8 +76,7 @@ def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> boo
     """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written. ``files``: the
     run directory's record, which lists it before it is written (a kill mid-write leaves it recorded) and after."""
     if not trainer.weights_finite():
-        print(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite",
-              file=sys.stderr)
+        print_line(f"fastrl: skipped the checkpoint at step {trainer.global_step}: the weights are not finite")
         return False
     path = checkpoint_path(run_dir, trainer.global_step)
     relative = str(path.relative_to(run_dir))
@@ -146,14 +146,12 @@ def final_evaluation(trainer, normalizer_states: list, should_stop) -> list | No
     label = None if cfg.quiet else "final evaluation"
     if label:
         members = f"{trainer.n_members} members x " if trainer.n_members > 1 else ""
-        print(f"fastrl: {label}: {members}{describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}", file=sys.stderr,
-              flush=True)
+        print_line(f"fastrl: {label}: {members}{describe(cfg, cfg.eval_episodes, cfg.eval_seeds)}")
     try:
         with stop_ends_env_waits():
             return evaluate_members(trainer, normalizer_states, should_stop=should_stop, label=label)
     except (EvaluationStopped, StopWhileWaiting):
-        print("fastrl: final evaluation stopped by a signal; summary.json records no evaluation", file=sys.stderr,
-              flush=True)
+        print_line("fastrl: final evaluation stopped by a signal; summary.json records no evaluation")
         return None
 
 
@@ -274,8 +272,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                         row.update({"events/rollback": guard.rollbacks, "events/rollback_reason": reason,
                                     "events/rollback_to_step": guard.best_step})
                         who = f"member {m} " if n_members > 1 else ""
-                        print(f"fastrl: {who}rollback {guard.rollbacks}/{trainer.members[m].max_rollbacks} ({reason}) "
-                              f"to the weights of step {guard.best_step}", file=sys.stderr)
+                        print_line(f"fastrl: {who}rollback {guard.rollbacks}/{trainer.members[m].max_rollbacks} "
+                                   f"({reason}) to the weights of step {guard.best_step}")
                     judged_returns.append(-math.inf if judged is None else judged)
                     if cfg.stop_at_return and reached[m] is None and judged_returns[m] >= cfg.stop_at_return:
                         reached[m] = (trainer.global_step // n_members, now - start_time)
@@ -292,8 +290,8 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                     if dist_info.is_main and not cfg.quiet:
                         who = "every member's" if n_members > 1 else "the"
                         what = "evaluation" if member_eval is not None else "last-100-episode mean"
-                        print(f"fastrl: stopped at step {trainer.global_step:,}: {who} {what} return "
-                              f"reached {cfg.stop_at_return:g} (stop_at_return)", file=sys.stderr, flush=True)
+                        print_line(f"fastrl: stopped at step {trainer.global_step:,}: {who} {what} return "
+                                   f"reached {cfg.stop_at_return:g} (stop_at_return)")
                     break
             if dist_info.is_main and cfg.checkpoint_interval and trainer.iteration % cfg.checkpoint_interval == 0:
                 save_if_finite(trainer, run_dir, files)

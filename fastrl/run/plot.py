@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from fastrl.config import UserError, brief
-from fastrl.errors import first_line
+from fastrl.errors import first_line, print_line
 from fastrl.run.runfiles import read_metrics, read_record
 
 # The training return's logged name, then its name before the CleanRL renaming (runs logged by older versions).
@@ -174,11 +174,10 @@ def write_run_plot(run_dir: str | Path) -> Path | None:
     try:
         return plot_runs([run_dir], Path(run_dir) / "learning_curve.png")
     except ImportError:
-        print("fastrl: warning: no learning_curve.png: matplotlib is not installed (pip install matplotlib, or "
-              "--plot false)", file=sys.stderr)
+        print_line("fastrl: warning: no learning_curve.png: matplotlib is not installed (pip install matplotlib, or "
+                   "--plot false)")
     except Exception as e:  # noqa: BLE001  (the run's files are written; the plot is an extra)
-        print(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {first_line(e)}",
-              file=sys.stderr)
+        print_line(f"fastrl: warning: no learning_curve.png: {type(e).__name__}: {first_line(e)}")
     return None
 
 

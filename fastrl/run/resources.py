@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 import time
 from contextlib import contextmanager
+
+from fastrl.errors import print_line
 
 GB = 1e9
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -62,7 +63,7 @@ def _nvml_handle(nvml, index: int):
 
 def _note(message: str, quiet: bool) -> None:
     if not quiet:
-        print(f"fastrl: note: {message}; the metrics carry no perf/gpu_* figures", file=sys.stderr, flush=True)
+        print_line(f"fastrl: note: {message}; the metrics carry no perf/gpu_* figures")
 
 
 class GpuSampler:
