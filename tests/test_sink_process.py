@@ -1,6 +1,7 @@
 """The sink process: the run's TensorBoard and wandb written by a child process of the run (``SinkProcess``). Rows
 arrive whole and in order, at a normal close and when the run dies; a Ctrl-C to the process group leaves the child
-to the run's own stop; a failing sink is one warning line; the child holds no descriptor of the run's lock."""
+to the run's own stop; a failing sink is one warning line; the child holds no descriptor of the run's lock; a resumed
+run's sink process starts only once the killed attempt's has written its rows."""
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fastrl.run.logger import RunLogger, SinkProcess
+from fastrl.run.logger import RunLogger, SinkProcess, hold_run_dir_sinks
 from fastrl.run.rundir import LOCK_FILE, RunLock
 
 TESTS = str(Path(__file__).parent)
@@ -59,6 +60,45 @@ def test_a_ctrl_c_to_the_run_leaves_the_child_and_the_run_killed_ends_it_with_ev
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{child}"), "the sink process outlived its run"
     assert _lines(out) == [[1, {"a": 1}], [2, {"a": 2}], "closed"]
+
+
+def test_a_resumed_run_s_sinks_start_after_the_killed_attempt_s_have_written_their_rows(tmp_path):
+    """The run killed while its sink process is still starting (a slow TensorBoard import): that orphan writes the
+    rows it received later. A resume's sink process must start after it (TensorBoard reads event files in creation
+    order, and the resume's purge must come after the rows it purges): ``SinkProcess`` returns once the orphan is done."""
+    run_dir, first, second = tmp_path / "run", tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    run_dir.mkdir()
+    run = ("import os, signal\n"
+           "from fastrl.run.logger import SinkProcess\n"
+           f"sinks = SinkProcess({{'path': {str(first)!r}, 'open_delay_s': 2.0}}, factory={FAKES!r}, "
+           f"run_dir={str(run_dir)!r})\n"
+           "sinks.log({'a': 1}, 1)\n"
+           "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", run], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=60)  # not captured: the orphan holds the run's stderr until it exits
+    assert proc.returncode == -signal.SIGKILL
+    assert not first.exists(), "the orphan must still be starting for this test to mean anything"
+    resumed = SinkProcess({"path": str(second)}, factory=FAKES, run_dir=run_dir)
+    try:
+        assert _lines(first) == [[1, {"a": 1}], "closed"], "the resume's sinks started before the orphan's ended"
+        resumed.log({"a": 2}, 2)
+    finally:
+        resumed.close()
+    assert _lines(second) == [[2, {"a": 2}], "closed"]
+
+
+def test_a_resume_waits_for_the_previous_sinks_only_so_long(tmp_path, capfd):
+    held = hold_run_dir_sinks(tmp_path)
+    try:
+        assert hold_run_dir_sinks(tmp_path, patience_s=0.2) is None
+        err = capfd.readouterr().err
+        assert err.count("fastrl: warning: the logging process of this run's previous attempt is still writing "
+                         "after 0 s") == 1, err
+    finally:
+        os.close(held)
+    again = hold_run_dir_sinks(tmp_path, patience_s=0.2)
+    assert again is not None
+    os.close(again)
 
 
 def test_a_sink_that_fails_to_start_in_the_child_is_one_warning_line(tmp_path, capfd):

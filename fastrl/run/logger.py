@@ -283,6 +283,28 @@ def log_to_sinks(sinks: list, record: dict, step: int) -> None:
         sink.log(record if sink.name in ("TensorBoard", SinkProcess.name) else member_series(record), step)
 
 
+def hold_run_dir_sinks(run_dir: Path, patience_s: float = 60.0) -> int | None:
+    """A descriptor holding an exclusive ``flock`` on the directory ``run_dir`` itself (not the run's lock file), for
+    the run's sink process to inherit and keep until it exits. A run killed with its sink process still writing the
+    rows it received leaves that process holding it: a resume waits here (up to ``patience_s``) so that its
+    TensorBoard writer opens after the crashed attempt's, its purge of the rows past the checkpoint then coming
+    after them in TensorBoard's (name) order. None, with one warning line, if the wait runs out."""
+    import fcntl
+    fd = os.open(run_dir, os.O_RDONLY)
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                print_line(f"fastrl: warning: the logging process of this run's previous attempt is still writing "
+                           f"after {patience_s:.0f} s; TensorBoard may show that attempt's last rows after this one's")
+                return None
+            time.sleep(0.02)
+
+
 class SinkProcess:
     """The run's sinks (``make_sinks``, or ``factory``'s) started and written in a child process of the run, so
     their Python work (wandb's and TensorBoard's imports, ``wandb.log``, protobuf events) never holds the training
@@ -291,22 +313,32 @@ class SinkProcess:
     The child is part of the run that owns ``run_dir``: it writes only the sinks' own files, holds no descriptor of
     the run's lock (it is exec'd, not forked), has a process group of its own (a Ctrl-C or a signal to the run's group
     reaches the run alone, whose stop then sends the last rows) and ends at the end of its pipe: when ``end`` or
-    ``close`` closes it, or when the run died: either way each sink writes every row it received and closes. Sink warnings are the child's, printed on
+    ``close`` closes it, or when the run died: either way each sink writes every row it received and closes (holding
+a lock on ``run_dir`` meanwhile, so that a resume's sinks wait for it: ``hold_run_dir_sinks``). Sink warnings are the child's, printed on
     the run's stderr as in-process sinks print them. ``factory``: ``"module:function"`` called in the child with
     ``sink_args``, returning the sinks (tests put fakes there)."""
 
     name = "sinks"
 
-    def __init__(self, sink_args: dict, factory: str = "fastrl.run.logger:make_sinks", plots: bool = False):
+    def __init__(self, sink_args: dict, factory: str = "fastrl.run.logger:make_sinks", plots: bool = False,
+                 run_dir: Path | None = None):
         """``plots``: the run will ask for its learning-curve plot (``plot``); the child imports matplotlib while the
-        run trains, so the plot costs the run's end only its drawing."""
+        run trains, so the plot costs the run's end only its drawing. ``run_dir``: the child holds
+        ``hold_run_dir_sinks``'s lock on it until it exits."""
         import subprocess
         package_root = str(Path(__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
                                                          if p)}
-        self._child = subprocess.Popen([sys.executable, "-c", "from fastrl.run.logger import serve_sinks; serve_sinks()"],
-                                       stdin=subprocess.PIPE, stdout=2, env=env,  # its stdout: the run's stderr
-                                       start_new_session=True)  # its own process group (Python 3.10 too)
+        held = hold_run_dir_sinks(run_dir) if run_dir is not None else None
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", "from fastrl.run.logger import serve_sinks; serve_sinks()"],
+                stdin=subprocess.PIPE, stdout=2, env=env,  # its stdout: the run's stderr
+                start_new_session=True,  # its own process group (Python 3.10 too)
+                pass_fds=() if held is None else (held,))
+        finally:
+            if held is not None:
+                os.close(held)  # the child's copy keeps the lock
         self._ended = False
         self._send((factory, sink_args, plots))
 
@@ -414,7 +446,7 @@ class RunLogger(NullLogger):
         sink_args = dict(run_dir=str(self.run_dir), config=config, start_step=start_step, tensorboard=tensorboard,
                          wandb_mode=wandb_mode, wandb_project=wandb_project, run_name=run_name, n_members=n_members)
         if sink_process and (tensorboard or wandb_mode != "disabled"):
-            self.sinks = [SinkProcess(sink_args, plots=plot)]
+            self.sinks = [SinkProcess(sink_args, plots=plot, run_dir=self.run_dir)]
         else:
             self.sinks = make_sinks(**sink_args)
         self._bar = self._lines = None
