@@ -14,12 +14,17 @@ steps of the trained agent. JSON to benchmarks/results/<machine>/masking.json, o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 from pathlib import Path
 
 import gymnasium
 import numpy as np
+import torch
+
+from fastrl.envs.spaces import ActionSpec
+from fastrl.envs.torch_envs import TorchEnvSpec
 
 N_ACTIONS, EPISODE_STEPS = 6, 50
 PREDICT_STEPS = 2000
@@ -64,6 +69,34 @@ class DictMaskedChoice(UnmaskedChoice):
 
     def _observation(self):
         return {"observation": self.valid.astype(np.float32), "action_mask": self.valid.astype(np.int8)}
+
+
+# The same env, torch-native (``env_backend: torch``): physics ``[N, 7]`` float64, the valid subset as 0/1 in the
+# first 6 columns and the steps taken in the last. Its draws (7 a step: a subset, and the action made valid) come from
+# the env step's ``reset_uniform``. The 50 steps end it as terminated, as above; the time limit never comes first.
+def _choice_subset(uniform: torch.Tensor) -> torch.Tensor:
+    """``[N, 7]`` U(0, 1) draws -> ``[N, 6]`` 0/1 float64: each action valid with probability 1/2, one always."""
+    forced = torch.nn.functional.one_hot((uniform[:, -1] * N_ACTIONS).long().clamp(max=N_ACTIONS - 1), N_ACTIONS)
+    return ((uniform[:, :N_ACTIONS] < 0.5) | forced.bool()).double()
+
+
+def choice_reset(uniform: torch.Tensor) -> torch.Tensor:
+    return torch.cat((_choice_subset(uniform), torch.zeros_like(uniform[:, :1])), dim=-1)
+
+
+def choice_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform: torch.Tensor):
+    chosen_valid = physics.gather(1, action.long().unsqueeze(-1)).squeeze(-1) > 0.5
+    steps = physics[:, -1] + 1
+    stepped = torch.cat((_choice_subset(uniform), steps.unsqueeze(-1)), dim=-1)
+    return stepped, torch.where(chosen_valid, 1.0, -1.0).double(), steps >= EPISODE_STEPS
+
+
+MASKED_CHOICE = TorchEnvSpec(
+    reset=choice_reset, dynamics=choice_dynamics, observe=lambda physics: physics[:, :N_ACTIONS].float(),
+    state_width=N_ACTIONS + 1, reset_draws=N_ACTIONS + 1, observation_shape=(N_ACTIONS,),
+    action_spec=ActionSpec("discrete", n=N_ACTIONS), max_episode_steps=10 * EPISODE_STEPS,
+    action_mask=lambda physics: physics[:, :N_ACTIONS] > 0.5)
+UNMASKED_CHOICE = dataclasses.replace(MASKED_CHOICE, action_mask=None)
 
 
 def invalid_predictions(agent, env_cls, steps: int = PREDICT_STEPS, seed: int = 0) -> int:

@@ -12,8 +12,8 @@ import torch
 from conftest import median_of_seeds, one_line_error
 
 import fastrl
-from benchmarks.masking import (EPISODE_STEPS, N_ACTIONS, DictMaskedChoice, MaskedChoice, UnmaskedChoice,
-                                invalid_predictions)
+from benchmarks.masking import (EPISODE_STEPS, MASKED_CHOICE, N_ACTIONS, DictMaskedChoice, MaskedChoice,
+                                UnmaskedChoice, invalid_predictions)
 from fastrl.config import make_config
 from fastrl.envs.registry import env_name
 from fastrl.envs.spaces import ActionSpec, dict_layout
@@ -211,6 +211,46 @@ def test_the_update_is_finite_with_masks_for_ppo_and_a2c():
         trainer.close()
 
 
+# ---------------------------------------------------------------------------------------------- torch-native
+def test_a_torch_native_masked_env_steps_its_masks_rewards_and_episode_ends():
+    """``MASKED_CHOICE`` (a ``TorchEnvSpec`` with ``action_mask``): the mask is the observation's last 6 columns and
+    its subset; a valid action pays +1, an invalid one -1; every 50th step terminates (never truncates)."""
+    from fastrl.envs.torch_envs import TorchEnv
+    env = TorchEnv("benchmarks.masking:MASKED_CHOICE", 16, seed=3)
+    assert env.observation_shape == (2 * N_ACTIONS,) and env.mask_width == N_ACTIONS
+    assert isinstance(env.observation_space, gymnasium.spaces.Dict)
+    obs, generator, paid = env.reset(), torch.Generator().manual_seed(0), {1.0: 0, -1.0: 0}
+    for t in range(1, 2 * EPISODE_STEPS + 3):
+        mask = obs[:, N_ACTIONS:] > 0.5
+        assert torch.equal(mask, obs[:, :N_ACTIONS] > 0.5) and mask.any(-1).all()
+        action = torch.randint(N_ACTIONS, (16,), generator=generator)
+        step = env.step(action)
+        chosen_valid = mask.gather(1, action.unsqueeze(1)).squeeze(1)
+        expected = torch.where(chosen_valid, 1.0, -1.0) if t % (EPISODE_STEPS + 1) else torch.zeros(16)  # reset steps
+        assert torch.equal(step.reward, expected), t
+        assert bool(step.terminated.all()) == (t % (EPISODE_STEPS + 1) == EPISODE_STEPS) and not step.truncated.any()
+        for value in (1.0, -1.0):
+            paid[value] += int((step.reward == value).sum())
+        obs = step.observation
+    assert min(paid.values()) > 100  # both rewards were exercised
+
+
+def test_a_torch_native_masked_population_only_ever_takes_valid_actions(tmp_path):
+    """Two members on the torch backend (the compiled iteration): masked, every training episode earns the full 50 and
+    stochastic ``predict`` never picks an invalid action; the same env unmasked does not (the check can fail)."""
+    def train(name):
+        return fastrl.train(env=f"benchmarks.masking:{name}", env_backend="torch", n_seeds=2, total_steps=1024,
+                            n_envs=8, n_steps=32, eval_episodes=0, run_dir=tmp_path / name, **QUIET)
+    masked, unmasked = train("MASKED_CHOICE"), train("UNMASKED_CHOICE")
+    assert [m["episode_return_mean"] for m in masked.summary["members"]] == [50.0, 50.0]
+    assert max(m["episode_return_mean"] for m in unmasked.summary["members"]) < 45.0
+    valid = torch.rand(PREDICT_STEPS, N_ACTIONS, generator=torch.Generator().manual_seed(1)) < 0.3
+    valid[torch.arange(PREDICT_STEPS), torch.arange(PREDICT_STEPS) % N_ACTIONS] = True
+    observation = {"observation": valid.float().numpy(), "action_mask": valid.numpy().astype(np.int8)}
+    actions, _ = fastrl.load(tmp_path / "MASKED_CHOICE", member=1).predict(observation, deterministic=False)
+    assert actions.shape == (PREDICT_STEPS,) and bool(valid[torch.arange(PREDICT_STEPS), torch.as_tensor(actions)].all())
+
+
 # ---------------------------------------------------------------------------------------------- errors
 class _WrongWidth(UnmaskedChoice):
     observation_space = gymnasium.spaces.Dict({"observation": UnmaskedChoice.observation_space,
@@ -220,6 +260,8 @@ class _WrongWidth(UnmaskedChoice):
 def test_mask_mistakes_are_one_line_errors(agents):
     assert "action_mask has 5 entries" in one_line_error(_trainer, _WrongWidth)
     assert "normalize_obs" in one_line_error(_trainer, MaskedChoice, normalize_obs=True)
+    assert "use env_backend torch" in one_line_error(_trainer, "benchmarks.masking:MASKED_CHOICE")
+    assert "not a TorchEnvSpec" in one_line_error(_trainer, "benchmarks.masking:MaskedChoice", env_backend="torch")
     unmasked = fastrl.train(env=UnmaskedChoice, total_steps=64, n_envs=2, n_steps=32, eval_episodes=0,
                             run_dir=None, **QUIET).agent
     assert "without action masks" in one_line_error(unmasked.predict, np.zeros(N_ACTIONS, np.float32),

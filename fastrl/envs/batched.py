@@ -429,8 +429,11 @@ def observation_space_of(cfg, observation_shape: tuple):
     """The observation space a model for ``cfg``'s env needs to know beyond its shape: that of an env with flat
     observations (a packed Dict, Discrete or MultiDiscrete ones; see ``fastrl.envs.spaces.observation_format``), else None
     (one env is built to read it, cached)."""
-    if len(observation_shape) != 1 or cfg.env_backend == "torch":
+    if len(observation_shape) != 1:
         return None
+    if cfg.env_backend == "torch":
+        from fastrl.envs.torch_envs import resolve_torch_env
+        return resolve_torch_env(cfg.env).observation_space
     return probe_spaces(cfg)[0]
 
 

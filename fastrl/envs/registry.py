@@ -196,6 +196,9 @@ def resolve_env(env_id: str) -> tuple[str, object]:
     if name in envpool_ids() or name in gymnasium_ids():
         return name, None
     factory = attribute(module, name)
+    from fastrl.envs.torch_envs import TorchEnvSpec
+    if isinstance(factory, TorchEnvSpec):  # a torch-native env: env_backend torch (resolve_backend)
+        return env_id, factory
     if factory is None:
         raise UserError(f"env {brief(env_id)}: module {module.__name__!r} registers no Gymnasium id {name!r} and has "
                         "no class or factory of that name")
@@ -218,12 +221,16 @@ def resolve_backend(env_id: str, backend: str = "auto") -> str:
     """Pick the backend for ``env_id`` or raise a one-line UserError with the closest valid ids.
 
     A class or factory (see ``resolve_env``) runs on the Gymnasium vector env. ``torch`` takes the ids of
-    ``fastrl.envs.torch_envs.TORCH_ENVS`` only; ``auto`` never picks it."""
+    ``fastrl.envs.torch_envs.TORCH_ENVS`` and a user's ``TorchEnvSpec`` (``module:NAME``, which needs it); ``auto``
+    never picks it."""
     if backend == "torch":
         from fastrl.envs.torch_envs import resolve_torch_env
         resolve_torch_env(env_id)
         return "torch"
     env_id, factory = resolve_env(env_id)
+    from fastrl.envs.torch_envs import TorchEnvSpec
+    if isinstance(factory, TorchEnvSpec):
+        raise UserError(f"env {env_id!r} is a torch-native env (a TorchEnvSpec): use env_backend torch")
     if factory is not None:
         if backend == "envpool":
             raise UserError(f"env {env_id!r} is a Python class or factory, which EnvPool cannot run; use env_backend "

@@ -3,9 +3,10 @@
 Each env is three pure functions over a float64 physics state ``[N, S]``:
 
 - ``<env>_reset(uniform) -> physics``: Gymnasium's reset distribution from ``uniform [N, R]`` float64 U(0, 1) draws;
-- ``<env>_dynamics(physics, action, fresh) -> (physics, reward [N] float64, reached [N] bool)``: the unwrapped
-  Gymnasium env's ``step`` (``reached`` is its ``terminated``; the time limit is the caller's). ``fresh [N]`` bool:
-  no step taken since the reset (only MountainCarContinuous reads it);
+- ``<env>_dynamics(physics, action, fresh, uniform) -> (physics, reward [N] float64, reached [N] bool)``: the
+  unwrapped Gymnasium env's ``step`` (``reached`` is its ``terminated``; the time limit is the caller's). ``fresh [N]``
+  bool: no step taken since the reset (only MountainCarContinuous reads it); ``uniform``: the step's draws, which
+  these deterministic dynamics ignore;
 - ``<env>_observe(physics) -> observation [N, D]`` float32 (``state_observation`` where it is the state itself).
 
 The arithmetic follows Gymnasium's op for op, in float64 where NumPy computes in float64. Where NumPy computes in
@@ -61,7 +62,7 @@ def cartpole_reset(uniform: torch.Tensor) -> torch.Tensor:
     return _uniform(uniform, -RESET_BOUND, RESET_BOUND)
 
 
-def cartpole_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor):
+def cartpole_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform=None):
     """Euler step; ``action [N]`` int64 (0 pushes left, 1 right); reward 1 on every step, the falling one too."""
     x, x_dot, theta, theta_dot = physics.unbind(-1)
     force = (action.to(physics.dtype) * 2 - 1) * FORCE_MAG  # exactly +-10 for actions 1/0
@@ -123,7 +124,7 @@ def _wrap_angle(x: torch.Tensor) -> torch.Tensor:
     return x - turns * turn
 
 
-def acrobot_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor):
+def acrobot_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform=None):
     """One RK4 step of ``dt = 0.2`` under torque ``action - 1`` (``action [N]`` int64 in {0, 1, 2}), angles wrapped,
     velocities clipped to [-4 pi, 4 pi] and [-9 pi, 9 pi]; reward -1, 0 on the step that reaches the goal
     (``-cos(theta1) - cos(theta1 + theta2) > 1``)."""
@@ -165,7 +166,7 @@ def mountain_car_reset(uniform: torch.Tensor) -> torch.Tensor:
     return torch.stack((position, torch.zeros_like(position)), dim=-1)
 
 
-def mountain_car_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor):
+def mountain_car_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform=None):
     """MountainCar-v0: ``action [N]`` int64 in {0, 1, 2} pushes with ``(action - 1) * 0.001``; velocity clipped to
     +-0.07, position to [-1.2, 0.6] (stopping at the left wall); reward -1; goal: position >= 0.5."""
     position, velocity = physics.unbind(-1)
@@ -185,7 +186,7 @@ _MAX_POSITION_F32 = _f32_value(MOUNTAIN_CAR_MAX_POSITION)
 _CONTINUOUS_GOAL_F32 = _f32_value(MOUNTAIN_CAR_CONTINUOUS_GOAL)
 
 
-def mountain_car_continuous_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor):
+def mountain_car_continuous_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform=None):
     """MountainCarContinuous-v0: ``action [N, 1]`` float32 in [-1, 1] pushes with ``0.0015 * action``; the state is
     float32 after the first step (``fresh``: still Gymnasium's float64 reset state); reward ``-0.1 * action ** 2``,
     plus 100 on the step that reaches the goal (position >= 0.45)."""
@@ -215,7 +216,7 @@ def pendulum_reset(uniform: torch.Tensor) -> torch.Tensor:
     return torch.stack((_uniform(uniform[:, 0], -math.pi, math.pi), _uniform(uniform[:, 1], -1.0, 1.0)), dim=-1)
 
 
-def pendulum_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor):
+def pendulum_dynamics(physics: torch.Tensor, action: torch.Tensor, fresh: torch.Tensor, uniform=None):
     """Pendulum-v1 (g = 10): ``action [N, 1]`` float32 torque in [-2, 2]; reward ``-(angle_normalize(theta) ** 2 +
     0.1 * theta_dot ** 2 + 0.001 * torque ** 2)`` from the state before the step; theta_dot clipped to +-8; never
     terminates."""

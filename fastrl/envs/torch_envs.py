@@ -24,16 +24,22 @@ import torch
 
 from fastrl.config import UserError
 from fastrl.envs import torch_classic as classic
-from fastrl.envs.spaces import ActionSpec
+from fastrl.envs.spaces import MASK_KEY, ActionSpec
 from fastrl.envs.stats import EnvStep, EpisodeStats
 
 
 @dataclass(frozen=True)
 class TorchEnvSpec:
-    """One torch-native env: its ``fastrl.envs.torch_classic`` functions (``reset``, ``dynamics``, ``observe``), the
-    physics width ``state_width``, the U(0, 1) draws one reset takes (``reset_draws``), ``observation_shape``,
-    ``action_spec`` (a continuous one: a Box whose entries share one low and one high bound) and Gymnasium's
-    ``max_episode_steps``."""
+    """One torch-native env: its pure functions (``reset``, ``dynamics``, ``observe``, as ``fastrl.envs.torch_classic``
+    defines them), the physics width ``state_width``, the U(0, 1) draws one step takes (``reset_draws``: a reset's, or
+    a stochastic ``dynamics``'), ``observation_shape``, ``action_spec`` (a continuous one: a Box whose entries share one
+    low and one high bound) and Gymnasium's ``max_episode_steps``.
+
+    ``action_mask(physics) -> bool [N, n]``: a masked env's valid actions (Discrete or MultiDiscrete; ``n`` the
+    policy's logits). Its observation space is then ``Dict(observation=Box, action_mask=MultiBinary(n))``, and each
+    observation carries the mask as its last ``n`` columns (``fastrl.envs.masks``).
+
+    A user's own spec, a module-level object, is named ``module:NAME`` (with ``env_backend`` torch)."""
     reset: Callable
     dynamics: Callable
     observe: Callable
@@ -42,6 +48,22 @@ class TorchEnvSpec:
     observation_shape: tuple
     action_spec: ActionSpec
     max_episode_steps: int
+    action_mask: Callable | None = None
+
+    def observation(self, physics: torch.Tensor) -> torch.Tensor:
+        """``observe(physics)`` ``[N, D]``, with a masked env's mask after it as 0/1 floats ``[N, D + n]``."""
+        observation = self.observe(physics)
+        if self.action_mask is None:
+            return observation
+        return torch.cat((observation, self.action_mask(physics).to(observation.dtype)), dim=-1)
+
+    @property
+    def observation_space(self):
+        """The Gymnasium observation space: a Box (bounds loosened to the real line), in a Dict beside the mask."""
+        box = gymnasium.spaces.Box(-float("inf"), float("inf"), self.observation_shape, "float32")
+        if self.action_mask is None:
+            return box
+        return gymnasium.spaces.Dict({"observation": box, MASK_KEY: gymnasium.spaces.MultiBinary(self.action_spec.n)})
 
 
 _CARTPOLE = dict(reset=classic.cartpole_reset, dynamics=classic.cartpole_dynamics, observe=classic.state_observation,
@@ -78,7 +100,8 @@ def env_step(spec: TorchEnvSpec, physics: torch.Tensor, elapsed: torch.Tensor, p
     ``physics [N, S]`` float64; ``elapsed [N]`` int64 steps taken in the current episode; ``prev_done [N]`` bool (the
     previous step ended the episode: this step resets, its action is ignored); ``action``: int64 ``[N]`` (discrete)
     or float32 ``[N, *shape]`` (continuous: clipped to the Box first, as ``fastrl.envs.batched.BatchedEnv`` does);
-    ``reset_uniform [N, R]`` float64 U(0, 1), read by resetting envs.
+    ``reset_uniform [N, R]`` float64 U(0, 1), read by resetting envs and by the others' (stochastic) dynamics: each
+    env's step reads them once.
 
     Returns ``(physics, elapsed, done, observation float32, reward [N] float32, terminated [N] bool, truncated [N]
     bool, valid [N] bool)``: the new state (``done = terminated | truncated`` is the next call's ``prev_done``), then
@@ -86,7 +109,7 @@ def env_step(spec: TorchEnvSpec, physics: torch.Tensor, elapsed: torch.Tensor, p
     """
     if spec.action_spec.kind == "continuous":
         action = action.clamp(spec.action_spec.low[0], spec.action_spec.high[0])
-    stepped, reward, reached = spec.dynamics(physics, action, elapsed == 0)
+    stepped, reward, reached = spec.dynamics(physics, action, elapsed == 0, reset_uniform)
     valid = ~prev_done
     physics = torch.where(prev_done.unsqueeze(-1), spec.reset(reset_uniform), stepped)
     elapsed = torch.where(prev_done, torch.zeros_like(elapsed), elapsed + 1)
@@ -94,15 +117,24 @@ def env_step(spec: TorchEnvSpec, physics: torch.Tensor, elapsed: torch.Tensor, p
     terminated = valid & reached & ~truncated
     done = terminated | truncated
     reward = torch.where(valid, reward, 0.0).float()
-    return physics, elapsed, done, spec.observe(physics), reward, terminated, truncated, valid
+    return physics, elapsed, done, spec.observation(physics), reward, terminated, truncated, valid
 
 
 def resolve_torch_env(env_id: str) -> TorchEnvSpec:
-    """The spec of a torch-native ``env_id``, or a one-line UserError naming every supported id."""
-    if env_id not in TORCH_ENVS:
-        raise UserError(f"env_backend torch has no torch-native env {env_id!r} (it has {', '.join(TORCH_ENVS)}); "
-                        "use env_backend auto")
-    return TORCH_ENVS[env_id]
+    """The spec of a torch-native ``env_id`` (a suite id, or ``module:NAME`` naming a ``TorchEnvSpec``), or a
+    one-line UserError naming every supported id."""
+    if env_id in TORCH_ENVS:
+        return TORCH_ENVS[env_id]
+    if ":" in env_id:
+        from fastrl.names import attribute, import_target
+        module, name = import_target(env_id, "env")
+        spec = attribute(module, name)
+        if isinstance(spec, TorchEnvSpec):
+            return spec
+        raise UserError(f"env_backend torch: {env_id!r} is not a TorchEnvSpec (fastrl.envs.torch_envs); name one, or "
+                        "use env_backend auto for a Gymnasium env")
+    raise UserError(f"env_backend torch has no torch-native env {env_id!r} (it has {', '.join(TORCH_ENVS)}, or a "
+                    "TorchEnvSpec of yours as module:NAME); use env_backend auto")
 
 
 class TorchEnv:
@@ -123,10 +155,11 @@ class TorchEnv:
             raise UserError(f"env_backend torch: {env_id} takes no option {', '.join(sorted(env_kwargs))}; "
                             "use env_backend auto")
         self.env_id, self.n_envs, self.max_episode_steps, self.spec = env_id, n_envs, max_episode_steps, spec
-        self.observation_shape, self.observation_dtype, self.obs_scale = spec.observation_shape, torch.float32, 1.0
-        self.action_spec = spec.action_spec
-        # the spaces Gymnasium declares, bounds loosened to the real line
-        self.observation_space = gymnasium.spaces.Box(-float("inf"), float("inf"), spec.observation_shape, "float32")
+        self.mask_width = spec.action_spec.n if spec.action_mask is not None else 0
+        self.observation_shape = (spec.observation_shape[0] + self.mask_width,) if self.mask_width else \
+            spec.observation_shape
+        self.observation_dtype, self.obs_scale, self.action_spec = torch.float32, 1.0, spec.action_spec
+        self.observation_space = spec.observation_space
         actions = spec.action_spec
         self.action_space = (gymnasium.spaces.Discrete(actions.n) if actions.kind == "discrete" else
                              gymnasium.spaces.Box(actions.low[0], actions.high[0], actions.shape, "float32"))
@@ -164,7 +197,7 @@ class TorchEnv:
         self._prev_done.zero_()
         self.stats.running_return.zero_()
         self.stats.running_length.zero_()
-        return self.spec.observe(self._physics)
+        return self.spec.observation(self._physics)
 
     def step(self, action: torch.Tensor) -> EnvStep:
         """Step all envs with ``action`` (see ``env_step``)."""
