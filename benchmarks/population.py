@@ -11,8 +11,10 @@ first run: imports, compiling, the final evaluation and start-up all count). Per
 for the comparison the issue asks for.
 
 Budgets: CartPole-v1 runs the embedded default (its 250k steps per member); LunarLander-v2 runs configs/ppo/lunarlander
-for 100k steps per member and CartPoleNoVel-v1 configs/ppo/cartpole_novel_lstm (an LSTM policy) for 16k (scaling
-figures, not solves). JSON to benchmarks/results/<machine>/population.json.
+for 100k steps per member, CartPoleNoVel-v1 configs/ppo/cartpole_novel_lstm (an LSTM policy) for 16k, and the masked
+env of benchmarks/masking.py (a Python Gymnasium env, ``MaskedChoice``, and the same env torch-native,
+``MASKED_CHOICE`` on ``env_backend: torch``) for 16k, with that benchmark's hyperparameters (scaling figures, not
+solves). JSON to benchmarks/results/<machine>/population.json.
 """
 from __future__ import annotations
 
@@ -29,8 +31,11 @@ from pathlib import Path
 
 from benchmarks.common import default_out, load_average, machine_info, markdown_table, write_json
 
+_MASKED = ["--n-envs", "8", "--n-steps", "64", "--n-epochs", "4", "--n-minibatches", "4", "--lr", "3e-3"]
 SETTINGS = {"CartPole-v1": ([], 250_000, 475.0), "LunarLander-v2": (["--config", "ppo/lunarlander"], 100_000, 200.0),
-            "CartPoleNoVel-v1": (["--config", "ppo/cartpole_novel_lstm"], 16_384, 475.0)}
+            "CartPoleNoVel-v1": (["--config", "ppo/cartpole_novel_lstm"], 16_384, 475.0),
+            "benchmarks.masking:MaskedChoice": (_MASKED, 16_384, 45.0),
+            "benchmarks.masking:MASKED_CHOICE": (_MASKED + ["--env-backend", "torch"], 16_384, 45.0)}
 
 
 def run_process(env: str, k: int, seed: int, run_dir: Path, total_steps: int, cache: Path) -> dict:

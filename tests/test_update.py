@@ -362,6 +362,9 @@ STEP_PATH_TABLE = [
     ((3, False, True, False), "members_autograd"),
     ((3, True, False, True), "functional"),  # a compiled population: vmap of the functional step
     ((16, True, False, False), "functional"),
+    ((1, False, False, True, True), "members_hand"),  # the eager iteration (pure): no module path, even at K = 1
+    ((1, False, False, False, True), "members_autograd"),
+    ((3, True, False, True, True), "functional"),  # the compiled iteration
 ]
 
 

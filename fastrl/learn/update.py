@@ -135,7 +135,7 @@ def member_hparams(cfg, device, lr: float | None = None, clip_coef: float | None
             "max_grad_norm": torch.tensor(float(cfg.max_grad_norm), device=device)}
 
 
-def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: bool) -> str:
+def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: bool, pure: bool = False) -> str:
     """The one dispatch point of the minibatch step, a pure function of the config and the shapes: how each step
     computes its gradient, one of these per run.
 
@@ -149,11 +149,13 @@ def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: b
       3 members' eager step, 2-core Intel Xeon, 2026-12-05: about 2x autograd's (CartPole zoo settings, minibatch 256).
     - ``members_autograd``: K > 1, eager, anything else: one batched forward of all members and one backward of their
       summed losses (member m's weights reach only member m's loss).
+    ``pure``: the update is part of a pure function (the eager iteration, ``fastrl.run.iteration``), which the
+    ``module`` path's in-place weights cannot be: a single run there takes the members paths, at K = 1.
     torchrun adds only a gradient all-reduce between ``Update.gradient`` and ``Update.apply`` (same paths).
     """
     if compiled:
         return "functional"
-    if members == 1:
+    if members == 1 and not pure:
         return "functional" if loss_scaling else "module"
     return "members_hand" if hand_gradient else "members_autograd"
 
@@ -184,9 +186,10 @@ class Update:
 
     @classmethod
     def for_run(cls, spec: UpdateSpec, layout: FlatLayout, autocast, members: int, compiled: bool,
-                agent: torch.nn.Module, rank_mean=None) -> "Update":
+                agent: torch.nn.Module, rank_mean=None, pure: bool = False) -> "Update":
         """The update a run of ``members`` members takes, compiled or not: its path from ``step_path``."""
-        path = step_path(members, compiled, spec.loss_scaling, members > 1 and hand_gradient_applies(spec, layout, autocast))
+        path = step_path(members, compiled, spec.loss_scaling,
+                         (members > 1 or pure) and hand_gradient_applies(spec, layout, autocast), pure)
         return cls(spec, layout, autocast, path, agent if path == "module" else None, rank_mean)
 
     def init_opt_state(self, params: torch.Tensor) -> dict:

@@ -31,7 +31,6 @@ compile on a 2-core EPYC, as a scan 14 s). Eagerly they are Python loops: the tw
 from __future__ import annotations
 
 from contextlib import nullcontext
-from functools import partial
 
 import torch
 
@@ -74,15 +73,17 @@ class Iteration:
     """The iteration of one run (see the module docstring).
 
     ``layout``: the agent's ``fastrl.learn.stacked.FlatLayout``; ``env_step``: ``fastrl.envs.torch_envs.env_step`` bound to
-    its env (``TorchEnv.pure_step``); ``update``: the run's ``Update`` on the ``functional`` path; ``scan``: the
-    rollout, GAE and the minibatch steps as scans (compiled) or Python loops (eager). Each scan's body handles every
-    member at once (``vmap`` of one member's step inside the body: a vmapped scan's batching rule gave layouts that
-    ran about 50x slower)."""
+    its env (``TorchEnv.pure_step``); ``update``: the run's ``Update``, on the ``functional`` path (compiled) or, eagerly,
+    a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the minibatch steps as
+    scans (compiled) or Python loops (eager). Every step handles every member at once: the policy through
+    ``FlatLayout.call_members`` (batched matmuls for an MLP or an LSTM over one, else ``vmap``), the env on the
+    members' envs as one batch, the functional update's minibatch step under ``vmap`` (a vmapped scan's batching rule
+    gave layouts that ran about 50x slower), a members path's on the ``[K, ...]`` rows themselves."""
 
     def __init__(self, layout, env_step, update: Update, n_steps: int, n_minibatches: int, autocast=nullcontext,
                  scan: bool = False):
-        if update.path != "functional":
-            raise ValueError("the iteration takes the functional update path")
+        if update.path == "module" or (scan and update.path != "functional"):
+            raise ValueError("the iteration takes the functional update path, or eagerly a members path")
         self.layout, self.env_step, self.update, self.autocast = layout, env_step, update, autocast
         self.n_steps, self.n_minibatches, self.scan = n_steps, n_minibatches, scan
         # A recurrent policy's state and next episode_start ride in the carry (fastrl.run.recurrent), the episode
@@ -98,8 +99,7 @@ class Iteration:
         carry, rows = self.rollout(params, tuple(state[key] for key in self.state_keys), draws["action_noise"],
                                    draws["reset_uniform"])  # rows [T, K, N, ...]
         with self.autocast():
-            bootstrap = members_call(k, partial(self.layout.call, "get_value"))(params, carry[0],
-                                                                                 *carry[len(STATE_KEYS):]).float()
+            bootstrap = self.layout.call_members("get_value", params, carry[0], *carry[len(STATE_KEYS):]).float()
         if len(carry) > len(STATE_KEYS):  # each column's state at the rollout's start, in every row
             start = state["recurrent_state"]  # a copy: the caller writes the new state into the tensor it gave
             rows["recurrent_state"] = start[None].expand(self.n_steps, *start.shape).clone()
@@ -112,11 +112,14 @@ class Iteration:
         inputs = tuple(rollout[key].flatten(1, 2) for key in self.update.spec.loss_keys)  # [K, T * N, ...] time-major
         active = torch.ones_like(params[:, 0], dtype=torch.bool)
         index, update = draws.get("minibatch_index"), self.update
-        if index is None:  # A2C: one step on the whole rollout
+        epoch_ends = None if index is None else epoch_end_mask(0, index.shape[1], self.n_minibatches, params.device)
+        if update.path != "functional":  # a members path: every member's steps on their [K, ...] rows at once
+            params, opt_state, sums, _ = update.steps(params, state["opt_state"], inputs, index, hparams, active,
+                                                      epoch_ends)
+        elif index is None:  # A2C: one step on the whole rollout
             steps = members_call(k, update.steps, (0, 0, 0, None, 0, 0))
             params, opt_state, sums, _ = steps(params, state["opt_state"], inputs, None, hparams, active)
         else:
-            epoch_ends = epoch_end_mask(0, index.shape[1], self.n_minibatches, params.device)
             params, opt_state, sums, _ = update.scan_steps(params, state["opt_state"], inputs, index, hparams, active,
                                                            epoch_ends, loop=not self.scan)
         metrics = {**finish_metrics(sums), "rollout": rollout,
@@ -126,11 +129,11 @@ class Iteration:
     def rollout(self, params, carry: tuple, action_noise, reset_uniform):
         """T steps of every member from ``carry`` (``STATE_KEYS``' tensors, ``[K, N, ...]``): ``(carry, rows)``,
         ``rows`` ``ROLLOUT_KEYS`` each ``[T, K, N, ...]``."""
-        step = members_call(params.shape[0], self.rollout_step)
-
         def body(carry, noise_and_reset):
-            return step(params, carry, *noise_and_reset)
-        xs = (action_noise.transpose(0, 1), reset_uniform.transpose(0, 1))
+            return self.rollout_step(params, carry, *noise_and_reset)
+        # contiguous [T, K, N, ...]: a scan's traced step takes its slices' strides as given (the members' batched
+        # step flattens K and N)
+        xs = (action_noise.transpose(0, 1).contiguous(), reset_uniform.transpose(0, 1).contiguous())
         if self.scan:
             from torch._higher_order_ops.scan import scan
             carry, rows = scan(body, carry, xs)
@@ -143,15 +146,18 @@ class Iteration:
         return carry, dict(zip(self.rollout_keys, rows))
 
     def rollout_step(self, params, carry: tuple, noise, reset_uniform):
-        """One step: the policy acts on the carried observation, the env steps (auto-resetting envs whose previous
-        step ended an episode), and the running episode totals follow ``EpisodeStats.update``'s bookkeeping."""
+        """One step of every member (``[K, N, ...]``): the policy acts on the carried observation, the env steps
+        (auto-resetting envs whose previous step ended an episode), and the running episode totals follow
+        ``EpisodeStats.update``'s bookkeeping."""
         obs, physics, elapsed, prev_done, running_return, running_length = carry[:len(STATE_KEYS)]
         recurrent = carry[len(STATE_KEYS):]  # (state, episode_start) of a recurrent policy
         with self.autocast():
-            action, logp, _, value, *state = self.layout.call("get_action_and_value", params, obs, None, noise,
-                                                              *recurrent)
-        physics, elapsed, done, next_obs, reward, terminated, truncated, valid = self.env_step(
-            physics, elapsed, prev_done, action, reset_uniform)
+            action, logp, _, value, *state = self.layout.call_members("get_action_and_value", params, obs, None, noise,
+                                                                      *recurrent)
+        k, n = obs.shape[:2]
+        stepped = self.env_step(*(x.flatten(0, 1) for x in (physics, elapsed, prev_done, action, reset_uniform)))
+        physics, elapsed, done, next_obs, reward, terminated, truncated, valid = (x.reshape(k, n, *x.shape[1:])
+                                                                                 for x in stepped)
         episode_return = running_return + reward.double() * valid
         episode_length = running_length + valid
         # contiguous: under vmap a step's outputs may come out in another memory layout than the carry went in,

@@ -154,8 +154,8 @@ class Trainer(MemberState):
         self.policy_step = CompiledOrEager(policy.get_action_and_value, forward_mode, "the rollout policy forward")
         self.bootstrap_value = CompiledOrEager(policy.get_value, forward_mode, "the bootstrap value forward")
         update_mode, per_call = self.plan.update, self.plan.steps_per_call
-        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, whole or update_mode != "off",
-                                        self.agent, torchrun.rank_mean() if self.dist.enabled else None)
+        self.update_fn = Update.for_run(self.spec, self.layout, self.autocast, k, update_mode != "off", self.agent,
+                                        torchrun.rank_mean() if self.dist.enabled else None, pure=whole)
         self.rollout_step = None
         if whole:
             return self._plan_iteration()
@@ -178,11 +178,12 @@ class Trainer(MemberState):
         """The run's ``fastrl.run.iteration.Iteration``, compiled whole (``self.plan``'s mode) or eager."""
         mode = self.rollout_mode = self.plan.update
         self.steps_per_call = self.spec.n_steps
-        loops, scans = (Iteration(self.layout, getattr(self.env, "env", self.env).pure_step, self.update_fn,
-                                  self.cfg.n_steps, self.spec.n_minibatches, self.autocast, scan=scan)
-                        for scan in (False, True))
-        self.iteration_call = CompiledOrEager(scans if mode != "off" else loops, mode, "the training iteration",
-                                              fullgraph=True, eager=loops)
+        def iteration(scan: bool) -> Iteration:
+            return Iteration(self.layout, getattr(self.env, "env", self.env).pure_step, self.update_fn,
+                             self.cfg.n_steps, self.spec.n_minibatches, self.autocast, scan=scan)
+        loops = iteration(scan=False)
+        self.iteration_call = CompiledOrEager(iteration(scan=True) if mode != "off" else loops, mode,
+                                              "the training iteration", fullgraph=True, eager=loops)
         self.update_call = self.iteration_call  # what tests and summaries ask about: compiled or not
         self._mark_static(mode)
 
