@@ -31,6 +31,7 @@ compile on a 2-core EPYC, as a scan 14 s). Eagerly they are Python loops: the tw
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
@@ -75,10 +76,12 @@ class Iteration:
     ``layout``: the agent's ``fastrl.learn.stacked.FlatLayout``; ``env_step``: ``fastrl.envs.torch_envs.env_step`` bound to
     its env (``TorchEnv.pure_step``); ``update``: the run's ``Update``, on the ``functional`` path (compiled) or, eagerly,
     a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the minibatch steps as
-    scans (compiled) or Python loops (eager). Every step handles every member at once: the policy through
-    ``FlatLayout.call_members`` (batched matmuls for an MLP or an LSTM over one, else ``vmap``), the env on the
-    members' envs as one batch, the functional update's minibatch step under ``vmap`` (a vmapped scan's batching rule
-    gave layouts that ran about 50x slower), a members path's on the ``[K, ...]`` rows themselves."""
+    scans (compiled) or Python loops (eager). Each step handles every member at once. On the functional path, one
+    member's rollout and minibatch steps under ``vmap`` (a vmapped scan's batching rule gave layouts that ran about 50x
+    slower). On a members path, eagerly, without vmap: the policy through ``FlatLayout.call_members`` (batched matmuls
+    for an MLP, or an LSTM over one), the env on all members' envs as one batch, the update's steps on the ``[K, ...]``
+    rows themselves. (Compiled, ``call_members`` would guard on the agent's parameters' ids: each new trainer in a
+    process would compile again.)"""
 
     def __init__(self, layout, env_step, update: Update, n_steps: int, n_minibatches: int, autocast=nullcontext,
                  scan: bool = False):
@@ -86,6 +89,7 @@ class Iteration:
             raise ValueError("the iteration takes the functional update path, or eagerly a members path")
         self.layout, self.env_step, self.update, self.autocast = layout, env_step, update, autocast
         self.n_steps, self.n_minibatches, self.scan = n_steps, n_minibatches, scan
+        self.members_native = update.path != "functional"
         # A recurrent policy's state and next episode_start ride in the carry (fastrl.run.recurrent), the episode
         # starts in the rows.
         recurrent = bool(update.spec.sequence_length)
@@ -99,7 +103,9 @@ class Iteration:
         carry, rows = self.rollout(params, tuple(state[key] for key in self.state_keys), draws["action_noise"],
                                    draws["reset_uniform"])  # rows [T, K, N, ...]
         with self.autocast():
-            bootstrap = self.layout.call_members("get_value", params, carry[0], *carry[len(STATE_KEYS):]).float()
+            value_of = (partial(self.layout.call_members, "get_value") if self.members_native else
+                        members_call(k, partial(self.layout.call, "get_value")))
+            bootstrap = value_of(params, carry[0], *carry[len(STATE_KEYS):]).float()
         if len(carry) > len(STATE_KEYS):  # each column's state at the rollout's start, in every row
             start = state["recurrent_state"]  # a copy: the caller writes the new state into the tensor it gave
             rows["recurrent_state"] = start[None].expand(self.n_steps, *start.shape).clone()
@@ -129,8 +135,10 @@ class Iteration:
     def rollout(self, params, carry: tuple, action_noise, reset_uniform):
         """T steps of every member from ``carry`` (``STATE_KEYS``' tensors, ``[K, N, ...]``): ``(carry, rows)``,
         ``rows`` ``ROLLOUT_KEYS`` each ``[T, K, N, ...]``."""
+        step = self.rollout_step if self.members_native else members_call(params.shape[0], self.rollout_step)
+
         def body(carry, noise_and_reset):
-            return self.rollout_step(params, carry, *noise_and_reset)
+            return step(params, carry, *noise_and_reset)
         # contiguous [T, K, N, ...]: a scan's traced step takes its slices' strides as given (the members' batched
         # step flattens K and N)
         xs = (action_noise.transpose(0, 1).contiguous(), reset_uniform.transpose(0, 1).contiguous())
@@ -146,18 +154,22 @@ class Iteration:
         return carry, dict(zip(self.rollout_keys, rows))
 
     def rollout_step(self, params, carry: tuple, noise, reset_uniform):
-        """One step of every member (``[K, N, ...]``): the policy acts on the carried observation, the env steps
+        """One step of every member (``[K, N, ...]``; one member's ``[N, ...]`` under vmap on the functional path):
+        the policy acts on the carried observation, the env steps
         (auto-resetting envs whose previous step ended an episode), and the running episode totals follow
         ``EpisodeStats.update``'s bookkeeping."""
         obs, physics, elapsed, prev_done, running_return, running_length = carry[:len(STATE_KEYS)]
         recurrent = carry[len(STATE_KEYS):]  # (state, episode_start) of a recurrent policy
         with self.autocast():
-            action, logp, _, value, *state = self.layout.call_members("get_action_and_value", params, obs, None, noise,
-                                                                      *recurrent)
-        k, n = obs.shape[:2]
-        stepped = self.env_step(*(x.flatten(0, 1) for x in (physics, elapsed, prev_done, action, reset_uniform)))
-        physics, elapsed, done, next_obs, reward, terminated, truncated, valid = (x.reshape(k, n, *x.shape[1:])
-                                                                                 for x in stepped)
+            policy = self.layout.call_members if self.members_native else self.layout.call
+            action, logp, _, value, *state = policy("get_action_and_value", params, obs, None, noise, *recurrent)
+        env_args = (physics, elapsed, prev_done, action, reset_uniform)
+        if self.members_native:  # [K, N, ...]: every member's envs as one batch
+            k, n = obs.shape[:2]
+            stepped = [x.reshape(k, n, *x.shape[1:]) for x in self.env_step(*(x.flatten(0, 1) for x in env_args))]
+        else:  # one member's [N, ...], under vmap
+            stepped = self.env_step(*env_args)
+        physics, elapsed, done, next_obs, reward, terminated, truncated, valid = stepped
         episode_return = running_return + reward.double() * valid
         episode_length = running_length + valid
         # contiguous: under vmap a step's outputs may come out in another memory layout than the carry went in,
