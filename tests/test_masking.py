@@ -12,8 +12,8 @@ import torch
 from conftest import median_of_seeds, one_line_error
 
 import fastrl
-from benchmarks.masking import (EPISODE_STEPS, MASKED_CHOICE, N_ACTIONS, DictMaskedChoice, MaskedChoice,
-                                UnmaskedChoice, invalid_predictions)
+from benchmarks.masking import (EPISODE_STEPS, N_ACTIONS, DictMaskedChoice, MaskedChoice, UnmaskedChoice,
+                                invalid_predictions)
 from fastrl.config import make_config
 from fastrl.envs.registry import env_name
 from fastrl.envs.spaces import ActionSpec, dict_layout
@@ -248,7 +248,8 @@ def test_a_torch_native_masked_population_only_ever_takes_valid_actions(tmp_path
     valid[torch.arange(PREDICT_STEPS), torch.arange(PREDICT_STEPS) % N_ACTIONS] = True
     observation = {"observation": valid.float().numpy(), "action_mask": valid.numpy().astype(np.int8)}
     actions, _ = fastrl.load(tmp_path / "MASKED_CHOICE", member=1).predict(observation, deterministic=False)
-    assert actions.shape == (PREDICT_STEPS,) and bool(valid[torch.arange(PREDICT_STEPS), torch.as_tensor(actions)].all())
+    chosen_valid = valid[torch.arange(PREDICT_STEPS), torch.as_tensor(actions)]
+    assert actions.shape == (PREDICT_STEPS,) and bool(chosen_valid.all())
 
 
 # ---------------------------------------------------------------------------------------------- errors

@@ -65,7 +65,8 @@ def test_a_ctrl_c_to_the_run_leaves_the_child_and_the_run_killed_ends_it_with_ev
 def test_a_resumed_run_s_sinks_start_after_the_killed_attempt_s_have_written_their_rows(tmp_path):
     """The run killed while its sink process is still starting (a slow TensorBoard import): that orphan writes the
     rows it received later. A resume's sink process must start after it (TensorBoard reads event files in creation
-    order, and the resume's purge must come after the rows it purges): ``SinkProcess`` returns once the orphan is done."""
+    order, and the resume's purge must come after the rows it purges): ``SinkProcess`` returns once the orphan is
+    done."""
     run_dir, first, second = tmp_path / "run", tmp_path / "first.jsonl", tmp_path / "second.jsonl"
     run_dir.mkdir()
     run = ("import os, signal\n"

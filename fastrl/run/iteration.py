@@ -6,7 +6,7 @@
 T rollout steps (policy, env step, auto-reset, per-env episode bookkeeping), the bootstrap value, GAE, then every
 minibatch step of every epoch (``fastrl.learn.update.Update``). Nothing is written in place and nothing reads the host,
 so the same function runs eagerly, under ``torch.compile(fullgraph=True)`` (one graph for the whole iteration),
-vmapped over a population's members, and in CUDA graphs.
+over a population's members (vmapped when compiled, eagerly as batched matmuls: ``Iteration``), and in CUDA graphs.
 
 Every tensor carries a leading member axis K (K = 1 is a single run):
 
@@ -74,8 +74,8 @@ class Iteration:
     """The iteration of one run (see the module docstring).
 
     ``layout``: the agent's ``fastrl.learn.stacked.FlatLayout``; ``env_step``: ``fastrl.envs.torch_envs.env_step`` bound to
-    its env (``TorchEnv.pure_step``); ``update``: the run's ``Update``, on the ``functional`` path (compiled) or, eagerly,
-    a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the minibatch steps as
+    its env (``TorchEnv.pure_step``); ``update``: the run's ``Update``, on the ``functional`` path (compiled) or,
+    eagerly, a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the minibatch steps as
     scans (compiled) or Python loops (eager). Each step handles every member at once. On the functional path, one
     member's rollout and minibatch steps under ``vmap`` (a vmapped scan's batching rule gave layouts that ran about 50x
     slower). On a members path, eagerly, without vmap: the policy through ``FlatLayout.call_members`` (batched matmuls

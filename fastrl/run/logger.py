@@ -314,9 +314,9 @@ class SinkProcess:
     the run's lock (it is exec'd, not forked), has a process group of its own (a Ctrl-C or a signal to the run's group
     reaches the run alone, whose stop then sends the last rows) and ends at the end of its pipe: when ``end`` or
     ``close`` closes it, or when the run died: either way each sink writes every row it received and closes (holding
-a lock on ``run_dir`` meanwhile, so that a resume's sinks wait for it: ``hold_run_dir_sinks``). Sink warnings are the child's, printed on
-    the run's stderr as in-process sinks print them. ``factory``: ``"module:function"`` called in the child with
-    ``sink_args``, returning the sinks (tests put fakes there)."""
+    a lock on ``run_dir`` meanwhile, so that a resume's sinks wait for it: ``hold_run_dir_sinks``). Sink warnings
+    are the child's, printed on the run's stderr as in-process sinks print them. ``factory``: ``"module:function"``
+    called in the child with ``sink_args``, returning the sinks (tests put fakes there)."""
 
     name = "sinks"
 
