@@ -252,6 +252,13 @@ def test_a_torch_native_masked_population_only_ever_takes_valid_actions(tmp_path
     assert actions.shape == (PREDICT_STEPS,) and bool(chosen_valid.all())
 
 
+def test_a_torch_native_env_has_no_video_and_says_so_in_one_line():
+    from fastrl.run.evaluate import _render_env
+    env, why = _render_env("benchmarks.masking:MASKED_CHOICE")
+    assert env is None and why == ("benchmarks.masking:MASKED_CHOICE is a torch-native env (a TorchEnvSpec), which has "
+                                   "no renderer")
+
+
 # ---------------------------------------------------------------------------------------------- errors
 class _WrongWidth(UnmaskedChoice):
     observation_space = gymnasium.spaces.Dict({"observation": UnmaskedChoice.observation_space,

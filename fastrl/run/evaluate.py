@@ -199,7 +199,10 @@ def _render_env(env_id: str):
     ``rgb_array`` mode; ``(None, why)`` where there is none."""
     import gymnasium
     from fastrl.envs.registry import resolve_env
+    from fastrl.envs.torch_envs import TorchEnvSpec
     lookup_id, factory = resolve_env(env_id)
+    if isinstance(factory, TorchEnvSpec):
+        return None, f"{env_id} is a torch-native env (a TorchEnvSpec), which has no renderer"
     if factory is None and lookup_id not in gymnasium.registry:
         return None, f"{env_id} has no Gymnasium env of that id to render it (EnvPool envs do not render)"
     try:

@@ -75,8 +75,8 @@ class Iteration:
 
     ``layout``: the agent's ``fastrl.learn.stacked.FlatLayout``; ``env_step``: ``fastrl.envs.torch_envs.env_step`` bound to
     its env (``TorchEnv.pure_step``); ``update``: the run's ``Update``, on the ``functional`` path (compiled) or,
-    eagerly, a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the minibatch steps as
-    scans (compiled) or Python loops (eager). Each step handles every member at once. On the functional path, one
+    eagerly, a members path (``fastrl.learn.update.step_path``, ``pure``); ``scan``: the rollout, GAE and the
+    minibatch steps as scans (compiled) or Python loops (eager). Each step handles every member at once. On the functional path, one
     member's rollout and minibatch steps under ``vmap`` (a vmapped scan's batching rule gave layouts that ran about 50x
     slower). On a members path, eagerly, without vmap: the policy through ``FlatLayout.call_members`` (batched matmuls
     for an MLP, or an LSTM over one), the env on all members' envs as one batch, the update's steps on the ``[K, ...]``
