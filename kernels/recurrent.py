@@ -35,7 +35,12 @@ def _forward(gates_x: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor, keep: Opt
     """The loop without autograd: ``(hidden, c_T, acts, prev_h, prev_c, tanh_c)``, time at dim -3. TorchScript-able
     (``_scripted``), as is ``_backward_loop``."""
     size = h.shape[-1]
-    weight_t = weight_hh.transpose(-1, -2)
+    # tanh(x) = 2 sigmoid(2x) - 1: with the g gate's pre-activation doubled (its input projection and its columns of
+    # W_hh^T, once), one sigmoid covers all four gates, and i * g = 2 i sigmoid(2 z_g) - i; g itself after the loop.
+    double_g = torch.ones(4 * size, dtype=gates_x.dtype, device=gates_x.device)
+    double_g[2 * size:3 * size] = 2.0
+    gates_x = gates_x * double_g
+    weight_t = weight_hh.transpose(-1, -2) * double_g
     hidden: List[Tensor] = []
     acts: List[Tensor] = []
     prev_h: List[Tensor] = []
@@ -49,16 +54,18 @@ def _forward(gates_x: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor, keep: Opt
         gates_t = gates_x.select(-3, t)
         z = torch.addmm(gates_t, h, weight_t) if h.dim() == 2 else torch.baddbmm(gates_t, h, weight_t)
         act = torch.sigmoid(z)
-        act.narrow(-1, 2 * size, size).copy_(torch.tanh(z.narrow(-1, 2 * size, size)))
-        i, f, g, o = act.chunk(4, dim=-1)
-        c = torch.addcmul(f * c, i, g)
+        i, f, g_half, o = act.chunk(4, dim=-1)
+        c = torch.addcmul(f * c, i, g_half, value=2.0) - i
         tc = torch.tanh(c)
         h = o * tc
         acts.append(act)
         tanh_c.append(tc)
         hidden.append(h)
     stack = torch.stack
-    return stack(hidden, -3), c, stack(acts, -3), stack(prev_h, -3), stack(prev_c, -3), stack(tanh_c, -3)
+    activations = stack(acts, -3)
+    g = activations.narrow(-1, 2 * size, size)
+    g.copy_(g * 2.0 - 1.0)  # sigmoid(2 z_g) -> tanh(z_g), for the backward
+    return stack(hidden, -3), c, activations, stack(prev_h, -3), stack(prev_c, -3), stack(tanh_c, -3)
 
 
 def _backward_loop(d_hidden: Tensor, d_c_last: Tensor, c_from_h: Tensor, factor: Tensor, weight_hh: Tensor,
