@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fastrl.envs.env_workers import worker_count
 from fastrl.run.checkpoint import list_checkpoints, load_checkpoint
 from conftest import descendant_pids
 
@@ -64,7 +65,8 @@ def _assert_saved(run_dir: Path) -> dict:
 def _wait_for_workers(proc, n_envs: int) -> set[int]:
     """The run's worker processes (none with one env: it steps in the run's process), once started."""
     if n_envs > 1:
-        assert _wait_for(lambda: len(descendant_pids(proc.pid)) >= n_envs), proc.communicate(timeout=30)[1][-3000:]
+        workers = worker_count(n_envs)
+        assert _wait_for(lambda: len(descendant_pids(proc.pid)) >= workers), proc.communicate(timeout=30)[1][-3000:]
     return descendant_pids(proc.pid)
 
 
@@ -77,7 +79,7 @@ def test_hung_step_is_an_env_error_after_env_timeout_s(tmp_path, n_envs):
     assert proc.returncode == 2, err[-3000:]
     lines = _fastrl_lines(err)
     assert len(lines) == 1 and "within 1 s (env_timeout_s)" in lines[0], err[-3000:]
-    assert ("workers 0 (PID" if n_envs > 1 else "step() did not return") in lines[0], lines
+    assert ("0 (PID" if n_envs > 1 else "step() did not return") in lines[0], lines
     assert "Traceback" not in err
     assert "within 1 s" in _assert_saved(run_dir)["stopped_by_error"]
     assert not any(_alive(pid) for pid in workers)
@@ -102,7 +104,8 @@ def test_a_worker_that_dies_is_an_env_error(tmp_path, how):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err[-3000:]
     lines = _fastrl_lines(err)
-    assert len(lines) == 1 and "during step(), worker " in lines[0] and "of 2 (PID" in lines[0] and "exited with code 3" in lines[0], err
+    assert len(lines) == 1 and "during step(), worker " in lines[0], err
+    assert f"of {worker_count(2)} (PID" in lines[0] and "exited with code 3" in lines[0], err
     assert "EOFError" not in err and "Traceback" not in err, err
     assert "exited with code 3" in _assert_saved(run_dir)["stopped_by_error"]
     assert not any(_alive(pid) for pid in workers)
@@ -271,3 +274,69 @@ def test_an_actors_env_error_round_trips_through_shared_memory():
     hung = EnvError("m:Env", EnvFault("step() did not return within 1 s (env_timeout_s)"), "step")
     write_env_error(buffer, hung)
     assert str(read_env_error(buffer)) == str(hung)
+
+
+class _CountingDictEnv:
+    """A Dict-observation env whose episodes end at seeded random lengths and whose info has a key on odd steps only
+    (so the groups' infos must be joined key by key, with masks)."""
+
+    def __new__(cls):
+        import gymnasium
+        import numpy as np
+
+        class CountingDictEnv(gymnasium.Env):
+            observation_space = gymnasium.spaces.Dict({"pos": gymnasium.spaces.Box(-9, 9, (2,), np.float32),
+                                                       "count": gymnasium.spaces.Discrete(50)})
+            action_space = gymnasium.spaces.Discrete(3)
+
+            def reset(self, *, seed=None, options=None):
+                super().reset(seed=seed)
+                self.t, self.length = 0, int(self.np_random.integers(3, 12))
+                return self._obs(), {"started": True}
+
+            def _obs(self):
+                return {"pos": self.np_random.normal(size=2).astype(np.float32), "count": self.t}
+
+            def step(self, action):
+                self.t += 1
+                info = {"odd": self.t * 10 + int(action)} if self.t % 2 else {}
+                return self._obs(), float(action) - 1.0, self.t >= self.length, self.t == 7, info
+        return CountingDictEnv()
+
+
+def test_worker_groups_step_exactly_as_one_in_process_vector_env():
+    """Five envs in worker groups (uneven on two cores and more) against Gymnasium's SyncVectorEnv, 200 seeded steps
+    through auto-resets: the same observations (Dict keys), rewards, flags and infos (masks included)."""
+    import gymnasium
+    import numpy as np
+    from fastrl.envs.env_workers import WorkerGroupsVectorEnv
+
+    fns = [_CountingDictEnv] * 5
+    grouped = WorkerGroupsVectorEnv(fns, 30.0, context="fork")
+    single = gymnasium.vector.SyncVectorEnv(fns, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP)
+    try:
+        assert len(grouped.processes) == worker_count(5) and sum(grouped.sizes) == 5
+        assert grouped.single_observation_space == single.single_observation_space
+        (obs_a, info_a), (obs_b, info_b) = grouped.reset(seed=list(range(5))), single.reset(seed=list(range(5)))
+        assert grouped.get_attr("length") == single.get_attr("length")
+        actions = np.random.default_rng(0).integers(0, 3, (200, 5))
+        seen_odd = ends = 0
+        for t in range(201):
+            if t:
+                *out_a, info_a = grouped.step(actions[t - 1])
+                *out_b, info_b = single.step(actions[t - 1])
+                for a, b in zip(out_a[1:], out_b[1:]):  # rewards, terminated, truncated
+                    assert np.array_equal(a, b), t
+                obs_a, obs_b = out_a[0], out_b[0]
+                ends += int(out_b[2].sum())
+            for key in ("pos", "count"):
+                assert np.array_equal(obs_a[key], obs_b[key]), (t, key)
+            assert info_a.keys() == info_b.keys(), t
+            for key in info_b:
+                assert np.array_equal(info_a[key], info_b[key]), (t, key)
+            seen_odd += int("odd" in info_b and 0 < info_b["_odd"].sum() < 5)
+        assert ends > 50 and seen_odd > 10, (ends, seen_odd)  # episodes ended, and groups disagreed on info keys
+    finally:
+        grouped.close()
+        single.close()
+    assert all(p.exitcode == 0 for p in grouped.processes)
