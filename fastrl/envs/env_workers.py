@@ -194,9 +194,12 @@ class WatchedSyncVectorEnv(gymnasium.vector.SyncVectorEnv):
 def worker_count(n_envs: int) -> int:
     """How many worker processes step ``n_envs`` Python envs: one per core, at most one per env. Each steps its group
     of envs one after another (a SyncVectorEnv) and answers once per call for all of them: a population's K x n_envs
-    cheap envs cost one pipe round trip per core and step, not one per env. Figure (2-core AMD EPYC, 2026-12-07;
-    benchmarks.masking's MaskedChoice, 8 envs a member, 16k steps a member): training 8.7 s (K = 1) and 28.5 s (K = 4)
-    with one worker per env, 4.7 s and 8.8 s with every env in the run's process."""
+    cheap envs cost one pipe round trip per core and step, not one per env. Figure (``python -m benchmarks.population
+    --ks 1 4 --envs benchmarks.masking:MaskedChoice``, 8 envs a member, 16k steps a member; 2-core AMD EPYC,
+    2026-12-07): process 13.9 s (K = 1) and 40.0 s (K = 4) with one worker per env (Gymnasium's AsyncVectorEnv), 10.5
+    and 17.4 s in worker groups. Every env in the run's process would be faster still for so cheap an env (training
+    4.7 s and 8.8 s against 6.9 s and 12.9 s: each step's results cross a pipe, pickled), but slower for costly ones,
+    and an env that dies would take the run with it."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(n_envs, cores))
 
