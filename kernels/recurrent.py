@@ -64,7 +64,7 @@ def _forward(gates_x: Tensor, h: Tensor, c: Tensor, weight_hh: Tensor, keep: Opt
     stack = torch.stack
     activations = stack(acts, -3)
     g = activations.narrow(-1, 2 * size, size)
-    g.copy_(g * 2.0 - 1.0)  # sigmoid(2 z_g) -> tanh(z_g), for the backward
+    g.mul_(2.0).sub_(1.0)  # sigmoid(2 z_g) -> tanh(z_g), for the backward
     return stack(hidden, -3), c, activations, stack(prev_h, -3), stack(prev_c, -3), stack(tanh_c, -3)
 
 

@@ -206,9 +206,9 @@ def worker_count(n_envs: int) -> int:
 
 def _worker(env_fns: list, pipe, parent_pipe, parent_pid: int):
     """One worker's loop over its group of envs: ``(command, data)`` in, ``("ok", result)`` or ``("error",
-    (exception class, message, kind, trace))`` out. Stop signals are left to the run; the kernel kills it (SIGKILL) when the run's process
-    dies (Linux), and it is gone at once if that already happened. An env's ``SystemExit`` ends the worker with its
-    exit code, as Gymnasium's workers end."""
+    (exception class, message, kind, trace))`` out. Stop signals are left to the run; the kernel kills it (SIGKILL)
+    when the run's process dies (Linux), and it is gone at once if that already happened. An env's ``SystemExit``
+    ends the worker with its exit code, as Gymnasium's workers end."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
@@ -270,8 +270,9 @@ class WorkerGroupsVectorEnv(gymnasium.vector.VectorEnv):
 
     def __init__(self, env_fns, timeout_s: float, context: str | None = None, **_gymnasium_kwargs):
         self.timeout_s, self.num_envs = timeout_s, len(env_fns)
-        bounds = np.linspace(0, self.num_envs, worker_count(self.num_envs) + 1).round().astype(int)
-        self.sizes = [int(b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+        bounds = np.linspace(0, self.num_envs, worker_count(self.num_envs) + 1).round().astype(int).tolist()
+        self.groups = list(zip(bounds[:-1], bounds[1:]))  # each worker's envs: [start, end)
+        self.sizes = [b - a for a, b in self.groups]
         ctx = multiprocessing.get_context(context)
         self.pipes, self.processes, self.closed = [], [], False
         # Forked workers inherit every object of a process that may have run other threads (compile workers,
@@ -279,7 +280,7 @@ class WorkerGroupsVectorEnv(gymnasium.vector.VectorEnv):
         # fork without exec; a worker once crashed collecting them in a long test process).
         gc.freeze()
         try:
-            for a, b in zip(bounds[:-1], bounds[1:]):
+            for a, b in self.groups:
                 parent_pipe, child_pipe = ctx.Pipe()
                 process = ctx.Process(target=_worker, args=(env_fns[a:b], child_pipe, parent_pipe, os.getpid()),
                                       daemon=True)
@@ -305,8 +306,7 @@ class WorkerGroupsVectorEnv(gymnasium.vector.VectorEnv):
         return sum(self._call_all_raw("get_attr", [((name,), {})] * len(self.pipes)), ())
 
     def _split(self, items) -> list:
-        bounds = np.cumsum([0] + self.sizes)
-        return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        return [items[a:b] for a, b in self.groups]
 
     def _call_all(self, name: str, args: list):
         return _concatenate(self._call_all_raw(name, args), self.sizes)
