@@ -512,4 +512,4 @@ def check_applicable(algo: str, given: dict) -> None:
         algos, why, fix = APPLIES_TO[name]
         if algo in algos or value == algo_default(algo, name):
             continue
-        raise UserError(f"{name}={value} does not apply to {algo} ({why.format(algo=algo)}): drop it or {fix}")
+        raise UserError(f"{name}={brief(value)} does not apply to {algo} ({why.format(algo=algo)}): drop it or {fix}")

@@ -269,6 +269,16 @@ def test_key_that_does_not_apply_is_refused_in_one_line(algo, name):
     assert message.startswith(f"{name}=") and f"does not apply to {algo}" in message and "drop it" in message
 
 
+def test_a_key_that_does_not_apply_shows_its_value_on_one_line():
+    """The value is shown as repr, cut short: a newline in it (the fuzz test's find) stays one line."""
+    try:
+        make_config({"actor_resources": "\n" + "x" * 200})
+    except UserError as e:
+        message = str(e)
+    assert "\n" not in message and message.startswith("actor_resources='\\nxxx") and "..." in message, message
+    assert "does not apply to ppo" in message
+
+
 @pytest.mark.parametrize("algo, name", NOT_APPLICABLE)
 def test_key_that_does_not_apply_passes_at_its_default(algo, name, tmp_path):
     """A saved config.yaml holds every key; at the algorithm's own default a key is harmless."""
