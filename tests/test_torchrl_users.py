@@ -241,18 +241,18 @@ def test_fastrl_train_takes_a_torchrl_env_and_a_factory_of_one(tmp_path):
 
 @pytest.mark.learning
 def test_learns_cartpole_from_a_torchrl_env(tmp_path):
-    """PPO on TorchRL's GymEnv("CartPole-v1") (one env): median training return over the seeds >= 60 within 16k
-    steps (a random policy gets about 22; each run stops at 80; seeds 1-3 reached 100 here in 6k-10.5k steps)."""
+    """PPO on TorchRL's GymEnv("CartPole-v1") (one env): median training return over the seeds >= 45 within 12k
+    steps (a random policy gets about 22; each run stops at 60; seeds 1-3 reached 100 here in 6k-10.5k steps)."""
     def run(seed):
         env = GymEnv("CartPole-v1")
         result = fastrl.train(env=env, seed=seed, n_steps=128, n_epochs=10, n_minibatches=4, lr=1e-3, gamma=0.98,
-                              gae_lambda=0.8, total_steps=16_384, stop_at_return=80, torch_threads=1, device="cpu",
+                              gae_lambda=0.8, total_steps=12_288, stop_at_return=60, torch_threads=1, device="cpu",
                               run_dir=str(tmp_path / f"seed{seed}"), **QUIET_KW)
         env.close()
         return result.summary["episode_return_mean"]
 
     median, by_seed = median_of_seeds(run, LEARNING_SEEDS)
-    assert median >= 60, f"median training return {median}; per seed {by_seed}"
+    assert median >= 45, f"median training return {median}; per seed {by_seed}"
 
 
 # --------------------------------------------------------------------------- rollouts out: Collector, callbacks

@@ -153,7 +153,7 @@ def test_a_killed_study_resumes_and_its_best_config_trains(tmp_path):
     (tmp_path / "space.yaml").write_text(json.dumps(SPACE))
     tune_dir = tmp_path / "study"
     command = [sys.executable, "-m", "fastrl", "tune", "--space", str(tmp_path / "space.yaml"), "--trials", "4",
-               "--batch", "2", "--evals", "2", "--startup-trials", "1", "--trial-steps", "4096", "--dir", str(tune_dir),
+               "--batch", "2", "--evals", "2", "--startup-trials", "1", "--trial-steps", "2048", "--dir", str(tune_dir),
                *TINY]
     env = _with_repo_on_path()
     # The tuner kills itself once the second batch's trials are asked and their parameters stored, before any
@@ -181,7 +181,7 @@ def test_a_killed_study_resumes_and_its_best_config_trains(tmp_path):
 
     best = make_config(yaml_path=str(tune_dir / "best.yaml"))
     assert best.lr == pytest.approx(study.best_params["lr"]) and best.n_steps == study.best_params["n_steps"]
-    assert best.total_steps == 4096 and best.n_seeds == 1 and best.vary == {}
+    assert best.total_steps == 2048 and best.n_seeds == 1 and best.vary == {}
     run_dir = tmp_path / "best-run"
     assert train_main(["--config", str(tune_dir / "best.yaml"), "--total-steps", "256", "--eval-episodes", "0",
                        "--run-dir", str(run_dir), *QUIET]) == 0
