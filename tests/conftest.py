@@ -44,6 +44,7 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:.*precision lowered by casting to float32.*:UserWarning")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the mark into each nodeid's @group suffix
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in CLUSTER_FILES:

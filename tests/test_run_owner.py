@@ -159,3 +159,12 @@ def test_torchrun_restart_refuses_a_run_dir_of_another_job(tmp_path, monkeypatch
     from fastrl.run.rundir import agree_run_dir
     with pytest.raises(UserError, match="another job's run.*seed"):
         agree_run_dir(make_config({"run_dir": str(run_dir), "seed": 2}), DistInfo())
+
+
+def test_cluster_files_run_in_one_xdist_group(request):
+    """Under the README's ``-n 2 --dist loadgroup`` the cluster files' tests carry the ``@cluster`` group in their
+    node ids, so xdist sends them all to one worker, one after another (two torchrun jobs or Ray heads at once would
+    share ports and restart the Ray fixture between modules); the mark must be in place before xdist reads it."""
+    if not request.config.getoption("loadgroup", False):
+        pytest.skip("checks the README's -n 2 --dist loadgroup run; this run is not distributed by group")
+    assert request.node.nodeid.endswith("@cluster"), request.node.nodeid
