@@ -353,7 +353,8 @@ def test_cold_and_warm_cache_runs_log_identical_metrics(tmp_path):
 
 # The one dispatch point: (members, compiled, fp16 loss scaling, hand gradient applies) -> the step's path.
 STEP_PATH_TABLE = [
-    ((1, False, False, False), "module"),  # a single eager run: autograd through the agent module
+    ((1, False, False, True), "members_hand"),  # a single eager MLP run: the hand-derived gradient, at K = 1
+    ((1, False, False, False), "module"),  # a single eager run of another model: autograd through the agent module
     ((1, False, True, False), "functional"),  # fp16 loss scaling (CUDA) eagerly
     ((1, True, False, False), "functional"),  # compiled (CPU inductor, CUDA graphs)
     ((1, True, True, False), "functional"),
@@ -375,7 +376,8 @@ def test_step_path_is_a_pure_function_of_the_config_and_shapes(case, path):
 
 
 @pytest.mark.parametrize("overrides, path", [
-    (dict(), "module"), (dict(compile="default"), "functional"), (dict(n_seeds=3), "members_hand"),
+    (dict(), "members_hand"), (dict(activation="elu"), "module"), (dict(compile="default"), "functional"),
+    (dict(n_seeds=3), "members_hand"),
     (dict(n_seeds=3, compile="default"), "functional"), (dict(n_seeds=2, activation="elu"), "members_autograd"),
     (dict(n_seeds=2, algo="a2c", n_epochs=1, n_minibatches=1), "members_hand")])
 def test_the_trainer_records_the_path_its_config_takes(overrides, path):

@@ -141,12 +141,15 @@ def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: b
 
     - ``functional``: ``torch.func.grad_and_value`` over the flat weights' views, ``vmap``'d over K members. The only
       path under ``torch.compile`` (and so in CUDA graphs); also K = 1 eager under fp16 loss scaling.
-    - ``module``: K = 1, eager: ``torch.autograd`` through the agent module whose parameters are views of the flat
-      weights (``FlatLayout.bind``); about half of torch.func's per-step cost eagerly.
-    - ``members_hand``: K > 1, eager, an MLP actor-critic with PPO or A2C in float32 (``hand_gradient``:
+    - ``members_hand``: eager, any K, an MLP actor-critic with PPO or A2C in float32 (``hand_gradient``:
       ``MembersMLPGradient.supports``): the loss and gradient derived by hand (``fastrl.learn.mlp_gradient``, twin-tested
-      against ``members_autograd`` by tests/test_mlp_gradient.py). Figure: ``python -m benchmarks.population_step``,
-      3 members' eager step, 2-core Intel Xeon, 2026-12-05: about 2x autograd's (CartPole zoo settings, minibatch 256).
+      against ``members_autograd`` by tests/test_mlp_gradient.py). Figures: ``python -m benchmarks.population_step``,
+      3 members' eager step, 2-core Intel Xeon, 2026-12-05: about 2x autograd's (CartPole zoo settings, minibatch 256);
+      at K = 1 on a 2-core AMD EPYC, 2026-12-07: 3.4 ms a step against the module path's 4.9 ms (same shapes, one
+      thread, gradient and optimizer step).
+    - ``module``: K = 1, eager, where the hand gradient does not apply (a CNN, MultiDiscrete, masking, a custom
+      policy): ``torch.autograd`` through the agent module whose parameters are views of the flat weights
+      (``FlatLayout.bind``); about half of torch.func's per-step cost eagerly.
     - ``members_autograd``: K > 1, eager, anything else: one batched forward of all members and one backward of their
       summed losses (member m's weights reach only member m's loss).
     ``pure``: the update is part of a pure function (the eager iteration, ``fastrl.run.iteration``), which the
@@ -155,9 +158,11 @@ def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: b
     """
     if compiled:
         return "functional"
+    if hand_gradient:
+        return "members_hand"
     if members == 1 and not pure:
         return "functional" if loss_scaling else "module"
-    return "members_hand" if hand_gradient else "members_autograd"
+    return "members_autograd"
 
 
 def hand_gradient_applies(spec: UpdateSpec, layout: FlatLayout, autocast) -> bool:
@@ -188,8 +193,7 @@ class Update:
     def for_run(cls, spec: UpdateSpec, layout: FlatLayout, autocast, members: int, compiled: bool,
                 agent: torch.nn.Module, rank_mean=None, pure: bool = False) -> "Update":
         """The update a run of ``members`` members takes, compiled or not: its path from ``step_path``."""
-        path = step_path(members, compiled, spec.loss_scaling,
-                         (members > 1 or pure) and hand_gradient_applies(spec, layout, autocast), pure)
+        path = step_path(members, compiled, spec.loss_scaling, hand_gradient_applies(spec, layout, autocast), pure)
         return cls(spec, layout, autocast, path, agent if path == "module" else None, rank_mean)
 
     def init_opt_state(self, params: torch.Tensor) -> dict:

@@ -325,7 +325,7 @@ class Trainer(MemberState):
 
         def one_member(p, s, b, i, h, a):
             return update.steps(p, s, b, i, h, a, epoch_ends)
-        if self.n_members == 1:
+        if self.n_members == 1 and update.path in ("module", "functional"):  # the members paths keep the K axis
             squeeze = lambda tree: {k: v[0] for k, v in tree.items()} if isinstance(tree, dict) else (  # noqa: E731
                 tuple(x[0] for x in tree) if isinstance(tree, tuple) else (None if tree is None else tree[0]))
             new_params, new_state, sums, active = one_member(params[0], squeeze(opt_state), squeeze(batch),
