@@ -7,7 +7,9 @@ forward, loss, gradient, global-norm clip, Adam or RMSprop, guards, statistics) 
 trainer runs it (``[K, P]`` weights, no vmap):
 
 - ``hand``: the loss and gradient derived by hand (``fastrl.learn.mlp_gradient``, what the trainer runs);
-- ``autograd``: the same step through autograd (one batched forward, one backward of the members' summed losses).
+- ``autograd``: the same step through autograd: at K > 1 one batched forward and one backward of the members'
+  summed losses (``members_autograd``); at K = 1 (``--members 1``) autograd through the agent module whose
+  parameters are views of the flat weights (the ``module`` path, a single run's step for other models).
 
 Cases: CartPole at the zoo's PPO settings (discrete, one minibatch of 256 rows), MountainCarContinuous (Gaussian,
 minibatch 256), Pendulum (gSDE, minibatch 64), A2C CartPole (8 envs x 5 steps, one step per rollout). Each contender
@@ -69,9 +71,16 @@ def build(name: str, k: int, seed: int = 0):
 
 def contender(name: str, k: int, hand: bool, calls: int):
     spec, layout, params, batch, index, hparams = build(name, k)
-    update = Update(spec, layout, path="members_hand" if hand else "members_autograd")  # ValueError where it can't
-    opt_state = update.init_opt_state(params)
     active, epoch_ends = torch.ones(k, dtype=torch.bool), torch.ones(1, dtype=torch.bool)
+    if k == 1 and not hand:  # the module path: one member's [P] weights, bound to the agent, unbatched inputs
+        params, active = params[0], active[0]
+        batch, hparams = tuple(t[0] for t in batch), {key: value[0] for key, value in hparams.items()}
+        index = None if index is None else index[0]
+        layout.bind(layout.agent, params)
+        update = Update(spec, layout, path="module", agent=layout.agent)
+    else:
+        update = Update(spec, layout, path="members_hand" if hand else "members_autograd")  # ValueError where it can't
+    opt_state = update.init_opt_state(params)
 
     def block() -> float:
         start = time.perf_counter()

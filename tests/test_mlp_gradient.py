@@ -153,3 +153,30 @@ def test_steps_on_one_minibatch_of_every_row_match_autograd_on_the_shuffled_rows
         torch.testing.assert_close(s_hand[key], s_twin[key], rtol=1e-4, atol=1e-7)
     for key in sums_hand:
         torch.testing.assert_close(sums_hand[key], sums_twin[key], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("algo, action_spec, activation, shared, clip_vloss, norm_adv, sde",
+                         [CASES[1], CASES[3], CASES[6], CASES[8]])
+def test_one_member_hand_gradient_equals_the_module_path(algo, action_spec, activation, shared, clip_vloss, norm_adv,
+                                                         sde):
+    """K = 1, a single eager MLP run's step: the hand-derived gradient on ``[1, P]`` gives the loss, statistics and
+    gradient of autograd through the agent module bound to the same weights (the ``module`` path, which single runs
+    of other models take)."""
+    layout, params = _members(action_spec, activation, shared, sde=sde)
+    minibatch = _minibatch(layout, params, action_spec)
+    one, rows = params[1:2].clone(), tuple(t[1:2] for t in minibatch)  # member 1: clip 0.1, ent 0.01, vf 1.0
+    hparams = {key: value[1:2] for key, value in _hparams().items()}
+    spec = _spec(algo, clip_vloss, norm_adv)
+    grad, loss, stats = Update(spec, layout, path="members_hand").gradient(one, {}, rows, hparams)
+    flat = torch.empty_like(one[0])
+    layout.bind(layout.agent, flat)  # the module's parameters are now views of flat (holding its own weights) ...
+    flat.copy_(one[0])  # ... which become member 1's
+    twin = Update(spec, layout, path="module", agent=layout.agent)
+    twin_grad, twin_loss, twin_stats = twin.gradient(flat, {}, tuple(t[0] for t in rows),
+                                                     {key: value[0] for key, value in hparams.items()})
+    assert grad.shape == (1, flat.numel()) and grad.abs().sum() > 0
+    torch.testing.assert_close(loss[0], twin_loss, rtol=1e-5, atol=1e-6)
+    assert set(stats) == set(twin_stats)
+    for key in stats:
+        torch.testing.assert_close(stats[key][0], twin_stats[key], rtol=1e-5, atol=1e-6, msg=lambda t: f"{key}: {t}")
+    torch.testing.assert_close(grad[0], twin_grad, rtol=1e-4, atol=1e-6)

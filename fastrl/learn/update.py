@@ -145,8 +145,8 @@ def step_path(members: int, compiled: bool, loss_scaling: bool, hand_gradient: b
       ``MembersMLPGradient.supports``): the loss and gradient derived by hand (``fastrl.learn.mlp_gradient``, twin-tested
       against ``members_autograd`` by tests/test_mlp_gradient.py). Figures: ``python -m benchmarks.population_step``,
       3 members' eager step, 2-core Intel Xeon, 2026-12-05: about 2x autograd's (CartPole zoo settings, minibatch 256);
-      at K = 1 on a 2-core AMD EPYC, 2026-12-07: 3.4 ms a step against the module path's 4.9 ms (same shapes, one
-      thread, gradient and optimizer step).
+      ``--members 1``, one run's step against the ``module`` path's, 2-core AMD EPYC, 2026-12-07: the module path
+      takes 1.55x-1.70x the time over the four cases (CartPole zoo: 2,681 against 4,227 µs).
     - ``module``: K = 1, eager, where the hand gradient does not apply (a CNN, MultiDiscrete, masking, a custom
       policy): ``torch.autograd`` through the agent module whose parameters are views of the flat weights
       (``FlatLayout.bind``); about half of torch.func's per-step cost eagerly.
