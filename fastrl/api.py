@@ -32,7 +32,6 @@ from fastrl.config import CODE_KEYS, FIELDS, Config, UserError, _unknown_key
 from fastrl.envs.masks import observation_with_masks
 from fastrl.envs.registry import env_name
 from fastrl.envs.spaces import action_spec_of, observation_format, pack_observation, spaces_to_data
-from fastrl.envs.stats import RunningMeanStd
 from fastrl.export import RawPolicy
 
 
@@ -325,8 +324,7 @@ class Agent:
         self.normalizer = state.get("normalizer")
         obs_rms = bounds = None
         if cfg.normalize_obs and self.normalizer is not None:
-            obs_rms = RunningMeanStd(self.observation_shape)
-            obs_rms.load_state_dict(self.normalizer["obs_rms"])
+            obs_rms = self.normalizer["obs_rms"]
         if spec.kind == "continuous":
             bounds = tuple(torch.tensor(b, dtype=torch.float32).view(spec.shape) for b in (spec.low, spec.high))
         # Raw observations in, env actions out: what act runs, policy(obs) gives and export writes.

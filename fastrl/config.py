@@ -75,8 +75,8 @@ class Config:
                                     "worker) ends the run as an env error: last iteration checkpointed, workers stopped")
     env_mode: str = _f("sync", "env stepping (ppo/a2c, and impala/appo actors): sync (all envs step, then the policy acts on all); async (EnvPool "
                                "send/recv, two env groups: one steps while the policy acts on the other; EnvPool ids, "
-                               "even n_envs); auto (async for image observations, where it measured faster; see "
-                               "fastrl/envs/async_env.py)",
+                               "even n_envs); auto (async for image observations, where it measured faster, unless the "
+                               "policy is recurrent; see fastrl/envs/async_env.py)",
                        ("sync", "async", "auto"))
     normalize_obs: bool = _f(False, "running mean/std observation normalization")
     normalize_reward: bool = _f(False, "scale rewards by the running std of the discounted return")
@@ -288,6 +288,14 @@ class Config:
         if not 0 <= self.video_member < self.population_size:
             raise UserError(f"video_member={self.video_member} is not a member of this run: pick one of "
                             f"0..{self.population_size - 1}")
+        if self.recurrent != "none" and (self.use_sde or self.policy):
+            raise UserError(f"recurrent={self.recurrent} builds fastrl's own policy without gSDE: drop use_sde and "
+                            "policy, or use --recurrent none")
+        if self.recurrent != "none" and self.recurrent_size <= 0:
+            raise UserError(f"recurrent_size must be > 0, got {self.recurrent_size}")
+        if self.policy and self.use_sde:
+            raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
+                            "use_sde, or give your class its own exploration")
         return self
 
     _BOUNDS = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, "in [0, 1]": lambda v: 0.0 <= v <= 1.0}
@@ -507,9 +515,7 @@ def check_applicable(algo: str, given: dict) -> None:
     config.yaml holds every key.
     """
     for name, value in given.items():
-        if name not in APPLIES_TO:
-            continue
-        algos, why, fix = APPLIES_TO[name]
+        algos, why, fix = APPLIES_TO.get(name, (ALGOS, "", ""))
         if algo in algos or value == algo_default(algo, name):
             continue
         raise UserError(f"{name}={brief(value)} does not apply to {algo} ({why.format(algo=algo)}): drop it or {fix}")

@@ -44,14 +44,12 @@ TUNED_CONFIGS = {
 # PPO on an env with no tuned config: CleanRL's ppo.py (discrete actions) and ppo_continuous_action.py (continuous;
 # its 1 env x 2048 steps as 8 x 256, the same batch) settings, the general-purpose defaults of the PPO literature,
 # not the CartPole-tuned ones of Config(). A budget of 1M steps unless total_steps is given.
+_GENERAL_SHARED = dict(n_envs=8, total_steps=1_000_000, anneal_lr=True, gamma=0.99, gae_lambda=0.95, clip_coef=0.2,
+                       clip_vloss=True, vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=[64, 64], activation="tanh")
 GENERAL_DEFAULTS = {
-    "discrete": dict(n_envs=8, n_steps=128, total_steps=1_000_000, lr=2.5e-4, anneal_lr=True, gamma=0.99,
-                     gae_lambda=0.95, n_epochs=4, n_minibatches=4, clip_coef=0.2, clip_vloss=True, ent_coef=0.01,
-                     vf_coef=0.5, max_grad_norm=0.5, hidden_sizes=[64, 64], activation="tanh"),
-    "continuous": dict(n_envs=8, n_steps=256, total_steps=1_000_000, lr=3e-4, anneal_lr=True, gamma=0.99,
-                       gae_lambda=0.95, n_epochs=10, n_minibatches=32, clip_coef=0.2, clip_vloss=True, ent_coef=0.0,
-                       vf_coef=0.5, max_grad_norm=0.5, normalize_obs=True, normalize_reward=True,
-                       hidden_sizes=[64, 64], activation="tanh"),
+    "discrete": dict(_GENERAL_SHARED, n_steps=128, lr=2.5e-4, n_epochs=4, n_minibatches=4, ent_coef=0.01),
+    "continuous": dict(_GENERAL_SHARED, n_steps=256, lr=3e-4, n_epochs=10, n_minibatches=32, ent_coef=0.0,
+                       normalize_obs=True, normalize_reward=True),
 }
 
 # Keys only some algorithms read: (the algorithms that read it, why the others do not, the fix). Given in a YAML

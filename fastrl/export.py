@@ -37,9 +37,10 @@ FORMATS = ("onnx", "torchscript")
 class RawPolicy(nn.Module):
     """``policy`` between raw observations and the env's actions. ``observation(x [B, *shape])``: cast to
     the env's ``dtype`` and, when the run normalized observations, normalized by its saved statistics (``obs_rms``:
-    its ``mean`` and ``var`` become buffers here) and clipped to ``[-clip, clip]``; ``action(a)``: continuous actions
-    clamped to ``bounds`` (``(low, high)``, each ``[*action_shape]``). ``forward(x)``: the deterministic action between
-    the two (the policy's ``act_deterministic``); a pixel model scales its frames itself (``obs_scale``).
+    the checkpoint's dict, whose ``mean`` and ``var`` become buffers here) and clipped to ``[-clip, clip]``;
+    ``action(a)``: continuous actions clamped to ``bounds`` (``(low, high)``, each ``[*action_shape]``).
+    ``forward(x)``: the deterministic action between the two (the policy's ``act_deterministic``); a pixel model
+    scales its frames itself (``obs_scale``).
 
     ``install()`` hooks it around ``policy.forward``, so ``policy(obs)`` is ``forward(obs)`` of raw observations, one
     ``[*shape]`` (its batch axis dropped after) or a batch."""
@@ -50,8 +51,8 @@ class RawPolicy(nn.Module):
         self.policy, self.obs_ndim, self.obs_dtype, self.clip, self.single = policy, len(shape), dtype, clip, False
         self.normalized, self.clamped = obs_rms is not None, bounds is not None
         if obs_rms is not None:  # normalize_observation reads .mean and .var: this module stands in for obs_rms
-            self.register_buffer("mean", obs_rms.mean)
-            self.register_buffer("var", obs_rms.var)
+            self.register_buffer("mean", obs_rms["mean"].clone())
+            self.register_buffer("var", obs_rms["var"].clone())
         if bounds is not None:
             self.register_buffer("low", bounds[0])
             self.register_buffer("high", bounds[1])

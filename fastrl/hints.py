@@ -109,8 +109,6 @@ def key_hint(name: str, keys) -> str:
 def flag_hint(flag: str, flags) -> str:
     """The end of an unknown flag's message (``flags``: the valid ones without ``--``)."""
     key = flag.lstrip("-").lower().replace("_", "-")
-    if key in flags:
-        return f"did you mean --{key}?"
     if key in ALIASES:
         return _phrase(ALIASES[key], as_key=False)
     close = close_names(key, flags)[:1]

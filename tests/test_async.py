@@ -77,7 +77,7 @@ def _streams(env_id, n_envs, n_steps, iterations, mode, extra=None, mix_seed=Non
         trainer.policy_step, features = _deterministic_policy(trainer.env.action_spec)
         trainer.bootstrap_value = features
         if mix_seed is not None:
-            trainer.async_collector.rollout.env = _MixedRecv(trainer.async_collector.rollout.env, mix_seed)
+            trainer.async_rollout.env = _MixedRecv(trainer.async_rollout.env, mix_seed)
         rollouts = []
         for _ in range(iterations):
             trainer.collect()
@@ -142,6 +142,8 @@ def test_async_trainer_updates_and_logs_its_mode():
 def test_env_mode_choices_and_refusals():
     assert resolve_env_mode(make_config(dict(env_mode="auto")), 8) == "sync"  # flat observations: sync measured faster
     assert resolve_env_mode(make_config(dict(env_mode="auto", env="Breakout-v5")), 8) == "async"  # frames: async
+    # a recurrent policy steps every env together (async is refused for it): auto picks sync, frames or not
+    assert resolve_env_mode(make_config(dict(env_mode="auto", env="Breakout-v5", recurrent="lstm")), 8) == "sync"
     assert resolve_env_mode(make_config(dict(env_mode="auto", env_backend="gymnasium")), 8) == "sync"
     assert resolve_env_mode(make_config(dict(env_mode="auto")), 7) == "sync"
     assert resolve_env_mode(make_config(dict(env_mode="async")), 8) == "async"

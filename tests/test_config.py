@@ -413,3 +413,22 @@ def test_changing_a_tuned_configs_rollout_shape_keeps_its_minibatch_size():
     assert build_config({"env": "Pendulum-v1", "n_envs": 2, "n_steps": 16})[0].n_minibatches == 1
     assert build_config({"env": "Pendulum-v1", "n_envs": 8, "n_minibatches": 4})[0].n_minibatches == 4
     assert build_config({"n_envs": 2, "n_steps": 16})[0].n_minibatches == Config().n_minibatches
+
+
+_OWN_POLICY = "recurrent={} builds fastrl's own policy without gSDE: drop use_sde and policy, or use --recurrent none"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"recurrent": "lstm", "use_sde": True}, _OWN_POLICY.format("lstm")),
+    ({"recurrent": "gru", "policy": "my_models:Net"}, _OWN_POLICY.format("gru")),
+    ({"recurrent": "lstm", "recurrent_size": 0}, "recurrent_size must be > 0, got 0"),
+    ({"policy": "my_models:Net", "use_sde": True}, "use_sde (gSDE) is built into fastrl's MLP policy, not into a "
+                                                   "custom policy class: drop use_sde, or give your class its own "
+                                                   "exploration"),
+])
+def test_policy_settings_no_model_builds_are_refused_by_the_config(overrides, message):
+    assert one_line_error(make_config, overrides) == message
+
+
+def test_recurrent_size_is_checked_only_for_a_recurrent_policy():
+    assert make_config({"recurrent_size": 0}).recurrent == "none"

@@ -370,15 +370,29 @@ def test_time_feature_refusals_are_one_line_user_errors():
     assert probe_env(make_config(dict(env="Pendulum-v1")))[0] == (3,)
 
 
+def _running_mean_std_update(rms: dict, x: torch.Tensor) -> None:
+    """One run's running mean and variance over the batch dimension (Chan et al. parallel update), float64."""
+    if x.shape[0] == 0:  # e.g. every env on its reset step: nothing to learn, and no NaN from an empty mean
+        return
+    x = x.double()
+    batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+    delta = batch_mean - rms["mean"]
+    total = rms["count"] + n
+    rms["mean"] = rms["mean"] + delta * n / total
+    rms["var"] = (rms["var"] * rms["count"] + batch_var * n + delta.square() * rms["count"] * n / total) / total
+    rms["count"] = total
+
+
 def test_member_statistics_match_one_running_mean_std_per_member():
     """The normalizer's vectorized statistics (every member at once, reset rows masked) against its loop twin: one
-    RunningMeanStd per member, updated with that member's kept rows; a member with no kept row stays as it was."""
-    from fastrl.envs.stats import MemberRunningMeanStd, RunningMeanStd
+    running mean and variance per member, updated with that member's kept rows; a member with no kept row stays as it
+    was."""
+    from fastrl.envs.stats import MemberRunningMeanStd
     gen = torch.Generator().manual_seed(0)
     k, n = 3, 5
     for shape, masked in (((4,), False), ((), True)):
         stats = MemberRunningMeanStd(k, shape)
-        twins = [RunningMeanStd(shape) for _ in range(k)]
+        twins = [MemberRunningMeanStd(1, shape).member(0) for _ in range(k)]  # zero mean, unit variance, count 1e-4
         for step in range(6):
             x = torch.randn((k, n, *shape), generator=gen, dtype=torch.float32) * (step + 1) + step
             mask = torch.rand(k, n, generator=gen) > 0.4 if masked else None
@@ -386,8 +400,8 @@ def test_member_statistics_match_one_running_mean_std_per_member():
                 mask[1] = False  # member 1 only on reset steps: nothing to learn
             stats.update(x, mask)
             for m, twin in enumerate(twins):
-                twin.update(x[m] if mask is None else x[m][mask[m]])
+                _running_mean_std_update(twin, x[m] if mask is None else x[m][mask[m]])
         for m, twin in enumerate(twins):
             member = stats.member(m)
             for key in ("mean", "var", "count"):
-                assert torch.allclose(getattr(member, key), getattr(twin, key), rtol=1e-12, atol=1e-12), (m, key)
+                assert torch.allclose(member[key], twin[key], rtol=1e-12, atol=1e-12), (m, key)

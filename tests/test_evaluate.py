@@ -6,7 +6,7 @@ import torch
 from conftest import ManualClock
 from fastrl.config import make_config
 from fastrl.envs.batched import make_env
-from fastrl.run.evaluate import eval_seed, evaluate, evaluate_per_seed, play_first_episodes
+from fastrl.run.evaluate import eval_seed, evaluate, play_first_episodes
 
 CPU = torch.device("cpu")
 BALANCING, DRIFTING = [0.0, 0.0, 1.0, 0.1], [0.5, 0.0, 1.0, 0.1]
@@ -48,13 +48,25 @@ def _one_env_return(cfg, policy, seed: int, max_steps: int = 100_000) -> float:
     return total
 
 
+@torch.no_grad()
+def evaluate_per_seed(agent, cfg, episodes: int, seeds: int, max_steps: int | None = None) -> torch.Tensor:
+    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another."""
+    results = []
+    for k in range(seeds):
+        env = make_env(cfg, n_envs=episodes, seed=eval_seed(cfg.seed, k, episodes), training=False)
+        results.append(play_first_episodes(agent, env, CPU, cfg.eval_max_episode_steps if max_steps is None else
+                                           max_steps, cfg.eval_deterministic))
+        env.close()
+    return torch.cat(results)
+
+
 @pytest.mark.parametrize("backend", ["envpool", "gymnasium"])
 def test_batched_equals_per_seed_twin_exactly(backend):
     cfg = _cfg(env_backend=backend)
     seeds, episodes = (3, 4) if backend == "envpool" else (2, 2)  # gymnasium: a worker process per env
     policy = LeanPolicy(DRIFTING)
     batched = evaluate(policy, cfg, None, episodes, seeds, CPU)
-    twin = evaluate_per_seed(policy, cfg, None, episodes, seeds, CPU)
+    twin = evaluate_per_seed(policy, cfg, episodes, seeds)
     assert batched.dtype == torch.float64 and batched.shape == (seeds * episodes,)
     assert torch.equal(batched, twin), (batched, twin)
     assert len(set(batched.tolist())) > 1, "precondition: episodes end at different times"
@@ -89,7 +101,7 @@ def test_truncation_at_max_steps():
     assert full.min() < cut < full.max(), f"precondition: some episodes end before the cut, some after: {full}"
     truncated = evaluate(drifting, cfg, None, 3, 2, CPU, max_steps=cut)
     assert torch.equal(truncated, full.clamp(max=cut))
-    assert torch.equal(truncated, evaluate_per_seed(drifting, cfg, None, 3, 2, CPU, max_steps=cut))
+    assert torch.equal(truncated, evaluate_per_seed(drifting, cfg, 3, 2, max_steps=cut))
 
 
 def test_sampled_actions_when_not_deterministic():
@@ -120,9 +132,8 @@ def test_per_evaluation_cap_cuts_every_env_and_says_so(capsys):
     """``max_total_steps`` counts every env of the batch: 60 steps over 6 envs are 10 steps each; a balancing pole
     (return = steps) scores exactly 10 everywhere, and one stderr line says what was cut."""
     cfg = _cfg()
-    stats = {}
-    returns = evaluate(LeanPolicy(BALANCING), cfg, None, 3, 2, CPU, max_total_steps=60, stats=stats)
-    assert returns.tolist() == [10.0] * 6 and stats == {"steps": 10, "cut": 6}
+    returns = evaluate(LeanPolicy(BALANCING), cfg, None, 3, 2, CPU, max_total_steps=60)
+    assert returns.tolist() == [10.0] * 6
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and "cut 6 of 6 episodes at 10 steps" in lines[0], lines
 

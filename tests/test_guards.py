@@ -8,6 +8,7 @@ import fastrl
 from fastrl.config import make_config
 from fastrl.run.guards import RollbackGuard
 from fastrl.run.loop import save_if_finite
+from fastrl.run.runfiles import RunFiles
 from fastrl.run.session import run
 from fastrl.run.trainer import Trainer
 
@@ -92,12 +93,12 @@ def test_nan_loss_skips_the_update_and_is_counted():
 def test_poisoned_weights_are_never_checkpointed(tmp_path):
     cfg = make_config(dict(n_envs=2, n_steps=4, **QUIET))
     trainer = Trainer(cfg)
-    assert save_if_finite(trainer, tmp_path) is True
+    assert save_if_finite(trainer, tmp_path, RunFiles(tmp_path)) is True
     assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 1
     with torch.no_grad():
         next(trainer.agent.parameters()).view(-1)[0] = float("inf")
     trainer.global_step = 99
-    assert save_if_finite(trainer, tmp_path) is False
+    assert save_if_finite(trainer, tmp_path, RunFiles(tmp_path)) is False
     assert len(list((tmp_path / "checkpoints").glob("ckpt_*.pt"))) == 1
 
 

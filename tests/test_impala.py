@@ -120,7 +120,7 @@ def _learner_update(cfg, agent, batch, boot, seed=0):
     layout.bind(agent, params)
     update = Update(UpdateSpec.of(cfg), layout, path="module", agent=agent)
     inputs, _ = _learner_inputs(cfg, batch, boot, seed)
-    metrics = update.in_place(params, update.init_opt_state(params), inputs, member_hparams(cfg, "cpu"))
+    metrics = update(params, update.init_opt_state(params), inputs, member_hparams(cfg, "cpu"), in_place=True)[2]
     return params, metrics
 
 

@@ -5,7 +5,8 @@ import torch
 
 from fastrl.config import make_config
 from fastrl.kernels.gae import gae_reference
-from fastrl.run.iteration import gae_loop, gae_scan
+from fastrl.kernels.gae import gae_reference
+from fastrl.run.iteration import gae_scan
 from fastrl.run.trainer import Trainer
 
 QUIET = dict(progress=False, tensorboard=False, wandb="disabled", plot=False)
@@ -85,19 +86,17 @@ def _random_rollout(t=24, n=5, seed=0):
     return reward, value, next_value, done, terminated
 
 
-def test_gae_scan_and_loop_equal_the_reference():
-    """The iteration's GAE (reverse scan, compiled; and its loop twin) equals the kernels' reference, with
+def test_gae_scan_equals_the_reference():
+    """The iteration's compiled GAE (a reverse scan) equals the kernels' reference, its eager form, with
     terminations (no bootstrap) and truncations (bootstrap, trace cut) in the rollout; per-member gamma broadcast."""
     rollout = _random_rollout()
     expected = gae_reference(*rollout, 0.99, 0.95)
-    for got in (gae_loop(*rollout, 0.99, 0.95),
-                torch.compile(gae_scan, fullgraph=True, dynamic=False)(*rollout, torch.tensor(0.99),
-                                                                         torch.tensor(0.95))):
-        torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)
+    got = torch.compile(gae_scan, fullgraph=True, dynamic=False)(*rollout, torch.tensor(0.99), torch.tensor(0.95))
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)
     members = torch.stack([rollout[0], rollout[0]], 1), *(torch.stack([x, x], 1) for x in rollout[1:])
     gammas = torch.tensor([[0.9], [0.99]])
-    advantage, _ = gae_loop(*members, gammas, 0.95)
+    advantage, _ = gae_reference(*members, gammas, 0.95)
     torch.testing.assert_close(advantage[:, 1], expected[0], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(advantage[:, 0], expected[0])
 

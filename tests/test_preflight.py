@@ -17,7 +17,7 @@ from fastrl.config import UserError, make_config
 from fastrl.defaults import ACTOR_LEARNER_ALGOS, ALGOS
 from fastrl.learn.models import make_agent
 from fastrl.run import preflight
-from fastrl.run.preflight import check_device, check_launch, check_model, check_precision, check_run, check_run_dir
+from fastrl.run.preflight import check_device, check_launch, check_model, check_precision, check_run
 
 ROOT = Path(__file__).resolve().parent.parent
 QUIET = ["--eval-episodes", "0", "--progress", "false", "--tensorboard", "false", "--wandb", "disabled"]
@@ -181,20 +181,6 @@ def test_normalize_obs_needs_float_observations():
                                            ({"env": "NoSuchEnv-v0"}, "NoSuchEnv-v0")])
 def test_env_probe_errors(given, needle):
     assert needle in one_line_error(check_run, make_config(given), 1)
-
-
-# --------------------------------------------------------------------------- run directory
-def test_run_dir_that_is_a_file(tmp_path):
-    (tmp_path / "file").write_text("x")
-    assert "is a file" in one_line_error(check_run_dir, make_config({"run_dir": str(tmp_path / "file")}))
-    message = one_line_error(check_run_dir, make_config({"run_dir": str(tmp_path / "file" / "run")}))
-    assert "cannot be created" in message and "--run-dir" in message
-    check_run_dir(make_config({"run_dir": str(tmp_path / "new" / "run")}))
-
-
-def test_run_dir_not_writable(tmp_path, monkeypatch):
-    monkeypatch.setattr(preflight.os, "access", lambda path, mode: False)
-    assert "not writable" in one_line_error(check_run_dir, make_config({"run_dir": str(tmp_path)}))
 
 
 # --------------------------------------------------------------------------- fuzz of the combinations

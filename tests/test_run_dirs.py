@@ -113,3 +113,28 @@ def test_yaml_never_names_the_run_dir(tmp_path, monkeypatch, flag):
         args += ["--run-dir", str(tmp_path / "mine")]
     assert train_main(args) == 0
     assert _snapshot(victim) == before
+
+
+def test_a_run_dir_it_cannot_create_or_write_is_one_line(tmp_path, monkeypatch):
+    """A file where the run directory (or one of its parents) would go, and a directory it may not write, are each
+    one line naming --run-dir; a directory it can create is created and locked."""
+    from conftest import one_line_error
+    from fastrl.config import make_config
+    from fastrl.distributed.torchrun import DistInfo
+    from fastrl.run import rundir
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "file", tmp_path / "file" / "run"):
+        message = one_line_error(rundir.agree_run_dir, make_config({"run_dir": str(path)}), DistInfo())
+        assert f"run_dir {str(path)!r} cannot be created" in message and "--run-dir" in message, message
+    fresh = tmp_path / "new" / "run"
+    assert rundir.agree_run_dir(make_config({"run_dir": str(fresh)}), DistInfo()) == fresh
+    assert (fresh / ".fastrl-lock").read_text().strip() == str(os.getpid())
+    rundir.release_run_dir(fresh, discard_unused=True)
+    assert not fresh.exists()
+
+    def refuse(path, flags, mode=0o777):
+        raise PermissionError(13, "Permission denied")
+    with monkeypatch.context() as patched:  # a directory it may not write into (root may write anywhere)
+        patched.setattr(rundir.os, "open", refuse)
+        message = one_line_error(rundir.agree_run_dir, make_config({"run_dir": str(tmp_path)}), DistInfo())
+    assert f"run_dir {str(tmp_path)!r} cannot be created (Permission denied)" in message, message

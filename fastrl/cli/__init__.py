@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         from fastrl.cli.train import main as train_main
         return train_main(rest, prog="fastrl train")
-    if command == "plot":
-        from fastrl.run.plot import plot_main
-        return plot_main(rest)
     try:
+        if command == "plot":  # its errors: one line, as every command's
+            from fastrl.run.plot import plot_main
+            return plot_main(rest)
         if command == "tune":
             from fastrl.cli.tune import tune_main
             return tune_main(rest)

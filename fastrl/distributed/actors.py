@@ -203,22 +203,18 @@ def copy_new_episodes(stats: EpisodeStats, seen: int, returns: torch.Tensor, len
     Keeps the last ``min(new, E, window)`` (oldest first) and returns ``new``, the number finished.
     """
     new = stats.count - seen
-    k = min(new, returns.numel(), stats.window)
-    if k:
-        slots = torch.arange(stats.count - k, stats.count) % stats.window
-        returns[:k].copy_(stats.returns[slots])
-        lengths[:k].copy_(stats.lengths[slots])
+    recent_returns, recent_lengths = stats.recent(min(new, returns.numel()))
+    returns[:len(recent_returns)].copy_(recent_returns)
+    lengths[:len(recent_lengths)].copy_(recent_lengths)
     return new
 
 
 def load_flat_weights(agent, flat: torch.Tensor) -> None:
     """Copy a flat float32 vector (``WeightBoard``'s layout: parameters, then float buffers) into ``agent``."""
-    offset = 0
+    tensors = _flat_tensors(agent)
     with torch.no_grad():
-        for t in _flat_tensors(agent):
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(part.view_as(t))
 
 
 def flat_weights(agent) -> torch.Tensor:
@@ -249,10 +245,10 @@ class RolloutCollector:
         env_cfg = dataclasses.replace(cfg, env_threads=cfg.env_threads or 1)
         n_envs = cfg.n_envs_per_actor
         seed = actor_env_seed(cfg.seed, actor_id, restart, cfg.n_actors, n_envs)
-        self.grouped = None
+        self.grouped, self.timer = None, Timer()
         if resolve_env_mode(cfg, n_envs) == "async":
             self.env = make_async_env(env_cfg, n_envs=n_envs, seed=seed)
-            self.grouped, self.timer = GroupedRollout(self.env.env), Timer()
+            self.grouped = GroupedRollout(self.env.env)
         else:
             self.env = make_env(env_cfg, n_envs=n_envs, seed=seed)
         env = self.env
@@ -272,31 +268,27 @@ class RolloutCollector:
         with torch.no_grad():
             if self.grouped is not None:  # the same [T, N] rollout, filled group by group (fastrl/distributed/async_collect.py)
                 obs = self.grouped.run(views, obs, agent.get_action_and_value, agent.get_value, self.timer, heartbeat)
-                seconds = self.timer.pop()
-                policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
             else:
-                policy_s = env_s = 0.0
                 sequence = self.sequence
                 if sequence:
                     views.recurrent_state.copy_(sequence[0].expand_as(views.recurrent_state))
                 for t in range(views.observation.shape[0]):
-                    t0 = time.perf_counter()
-                    if sequence:
-                        views.episode_start[t].copy_(sequence[1])
-                    action, logp, _, value, *state = agent.get_action_and_value(obs, None, None, *sequence)
-                    views.write_policy(t, obs, action, logp, value)
-                    t1 = time.perf_counter()
-                    step = env.step(action)
-                    t2 = time.perf_counter()
+                    with self.timer.section("policy"):
+                        if sequence:
+                            views.episode_start[t].copy_(sequence[1])
+                        action, logp, _, value, *state = agent.get_action_and_value(obs, None, None, *sequence)
+                        views.write_policy(t, obs, action, logp, value)
+                    with self.timer.section("env"):
+                        step = env.step(action)
                     views.write_env(t, step)
                     obs = step.observation
                     sequence = (state[0], ~step.valid) if sequence else ()
-                    policy_s += t1 - t0
-                    env_s += t2 - t1
                     heartbeat()
                 views.next_value[:-1].copy_(views.state_value[1:])  # behaviour values; the learner recomputes its own
                 views.next_value[-1].copy_(agent.get_value(obs, *sequence))
                 self.sequence = sequence
+        seconds = self.timer.pop()
+        policy_s, env_s = seconds.get("time/policy_s", 0.0), seconds.get("time/env_s", 0.0)
         bootstrap_observation.copy_(obs)
         self.obs = obs
         return copy_new_episodes(env.stats, seen_episodes, episode_return, episode_length), policy_s, env_s

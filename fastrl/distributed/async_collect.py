@@ -14,7 +14,7 @@ results are waited for at any time, and only whole groups are in flight, so ``re
 never waits for an env that was not sent.
 
 ``GroupedRollout`` is the loop itself, writing into any ``[T, N]`` rollout (``RolloutViews``): the trainer's
-buffer (``AsyncCollector``) or an IMPALA actor's shared-memory slot (``fastrl.distributed.actors``).
+buffer (``Trainer._collect``) or an IMPALA actor's shared-memory slot (``fastrl.distributed.actors``).
 
 Per ``recv``: one C++ wait, index writes of ``[B]`` results into the buffer, and for each group completed, one
 policy forward on its ``[B]`` observations, slice writes and ``send``. No per-env Python loop, no ``.item()``.
@@ -98,13 +98,10 @@ class GroupedRollout:
         # each member's envs are grouped as in its single run and every group forward covers all K members.
         k = getattr(env, "n_members", 1)
         n, part = n_envs // k, n_envs // k // n_groups
-        self.group_env_ids = [np.concatenate([np.arange(m * n + g * part, m * n + (g + 1) * part) for m in range(k)])
-                              for g in range(n_groups)]
+        self.group_of_env = np.arange(n_envs) % n // part  # env m * n + i (member m's env i) is in group i // part
+        self.group_env_ids = [np.flatnonzero(self.group_of_env == g) for g in range(n_groups)]
         self.group_cols = [slice(g * size, (g + 1) * size) if k == 1 else torch.from_numpy(ids)
                            for g, ids in enumerate(self.group_env_ids)]
-        self.group_of_env = np.zeros(n_envs, dtype=np.int64)
-        for g, ids in enumerate(self.group_env_ids):
-            self.group_of_env[ids] = g
         # Where each env's newest observation waits until its whole group has arrived.
         pending = torch.zeros(n_envs, *env.observation_shape, dtype=env.observation_dtype)
         self.pending_obs = pending.pin_memory() if self.device.type == "cuda" else pending
@@ -158,18 +155,3 @@ class GroupedRollout:
             views.next_value[-1].copy_(bootstrap_value(last_obs.to(self.device, non_blocking=True)))
         return last_obs
 
-
-class AsyncCollector:
-    """The trainer's async ``collect()``: fills ``trainer.buffer`` from ``trainer.env`` (a NormalizedEnv around an
-    ``AsyncBatchedEnv``), reading ``trainer.act``, ``bootstrap_value`` and ``next_obs`` afresh each time."""
-
-    def __init__(self, trainer):
-        self.trainer = trainer
-        self.rollout = GroupedRollout(trainer.env.env, trainer.device)
-        self.views = RolloutViews.of(trainer.buffer)
-
-    def collect(self) -> None:
-        """One ``[T, N]`` rollout; advances ``trainer.next_obs`` and ``trainer.global_step`` as the sync loop does."""
-        tr = self.trainer
-        tr.next_obs = self.rollout.run(self.views, tr.next_obs, tr.act, tr.bootstrap_value, tr.timer)
-        tr.global_step += tr.steps_per_iteration

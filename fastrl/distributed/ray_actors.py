@@ -30,6 +30,7 @@ it (Ray ties them to their driver); ``--resume`` creates new ones.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -148,11 +149,9 @@ def connect(cfg: Config) -> bool:
     quiet = {"logging_level": "ERROR", "log_to_driver": True, "configure_logging": True}
     address = cfg.ray_address
     if address == "auto":
-        try:
+        with contextlib.suppress(ConnectionError):
             ray.init(address="auto", **quiet)
             return True
-        except ConnectionError:
-            pass
         resources = {k: v * cfg.n_actors for k, v in parse_resources(cfg.actor_resources).items()}
         cpus = max(resources.pop("CPU", float(cfg.n_actors)), float(os.cpu_count() or 1))
         resources.pop("GPU", None)
@@ -227,16 +226,14 @@ class RayActorPool:
             return
         import ray
         self.connected = connect(self.cfg)
-        self._check_resources(ray.cluster_resources())
-        self._remote = ray.remote(**actor_options(self.cfg))(RolloutWorker)
-
-    def _check_resources(self, total: dict) -> None:
+        total = ray.cluster_resources()
         missing = [k for k in parse_resources(self.cfg.actor_resources) if k not in ("CPU", "GPU") and k not in total]
         if missing:
             self.stop()
             raise UserError(f"no node of the Ray cluster at {self.cfg.ray_address} offers the resource {missing[0]!r} "
                             f"that --actor-resources asks for: start actor nodes with ray start --address=... "
                             f"--resources='{{\"{missing[0]}\": N}}', or change --actor-resources")
+        self._remote = ray.remote(**actor_options(self.cfg))(RolloutWorker)
 
     def _create(self, actor_id: int) -> None:
         self.handles[actor_id] = self._remote.remote(self.cfg, actor_id, self.created[actor_id])
@@ -257,10 +254,8 @@ class RayActorPool:
         if self.started or self._remote is not None:
             for handle in self.handles:
                 if handle is not None:
-                    try:
+                    with contextlib.suppress(Exception):  # already gone (its node stopped): nothing left to kill
                         ray.kill(handle, no_restart=True)
-                    except Exception:  # already gone (its node stopped): nothing left to kill
-                        pass
             self.handles = [None] * self.cfg.n_actors
             self.in_flight.clear()
             self.calls = [0] * self.cfg.n_actors
@@ -297,11 +292,9 @@ class RayActorPool:
         now = time.monotonic()
         version, ref = self.weights
         for actor_id in range(self.cfg.n_actors):
-            if self.failing[actor_id] and now < self.retry_at[actor_id]:
-                continue
             calls = self.calls[actor_id]
-            if self.failing[actor_id]:  # one probe at a time until it answers again
-                if calls == 0:
+            if self.failing[actor_id]:  # one probe at a time until it answers again, each after its back-off
+                if calls == 0 and now >= self.retry_at[actor_id]:
                     self._call(actor_id, version, ref)
                     self.retry_at[actor_id] = now + self.backoff[actor_id]
                 continue
@@ -316,18 +309,14 @@ class RayActorPool:
 
     def _receive(self, ref, actor_id: int) -> None:
         import ray
-        try:
+        try:  # a RayTaskError (a bug in the actor's code) propagates: its traceback, not a fault to ride out
             result = ray.get(ref)
-        except ray.exceptions.ObjectLostError as e:  # finished, but its node went before the learner fetched it
-            self._failed(actor_id, e)
-            return
-        except ray.exceptions.RayActorError as e:
+        # ObjectLostError: finished, but its node went before the learner fetched it
+        except (ray.exceptions.ObjectLostError, ray.exceptions.RayActorError) as e:
             if getattr(e, "actor_init_failed", False):  # its env or model cannot be built there: not a fault to ride out
                 raise RuntimeError(f"ray actor {actor_id} failed to start: {e}") from None
             self._failed(actor_id, e)
             return
-        except ray.exceptions.RayTaskError:
-            raise  # a bug in the actor's code: its traceback, not a fault to ride out
         now = time.monotonic()
         self.failing[actor_id], self.backoff[actor_id] = False, RETRY_MIN_S
         if result["incarnation"] != self.incarnation[actor_id]:
@@ -390,10 +379,8 @@ class RayActorPool:
 
     def _replace(self, actor_id: int) -> None:
         import ray
-        try:
+        with contextlib.suppress(Exception):
             ray.kill(self.handles[actor_id], no_restart=True)
-        except Exception:
-            pass
         for ref in [r for r, a in self.in_flight.items() if a == actor_id]:
             del self.in_flight[ref]
             self.lost_rollouts += 1

@@ -38,9 +38,7 @@ def derived_seed(seed: int, purpose: str, rank: int = 0, index: int = 0) -> int:
 
 
 def member_generator(seed: int, purpose: str, rank: int = 0, device: torch.device | str = "cpu") -> torch.Generator:
-    generator = torch.Generator(device=device)
-    generator.manual_seed(derived_seed(seed, purpose, rank))
-    return generator
+    return torch.Generator(device=device).manual_seed(derived_seed(seed, purpose, rank))
 
 
 def seed_process(seed: int, rank: int = 0) -> None:

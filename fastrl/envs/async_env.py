@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from fastrl.config import UserError
-from fastrl.envs.batched import BatchedEnv, NormalizedEnv
+from fastrl.envs.batched import BatchedEnv, NormalizedEnv, probe_env
 from fastrl.envs.registry import atari_kwargs, is_atari, resolve_backend
 from fastrl.envs.stats import EnvStep
 
@@ -111,20 +111,21 @@ def make_async_env(cfg, n_envs: int | None = None, seed: int | None = None,
 def resolve_env_mode(cfg, n_envs: int) -> str:
     """``cfg.env_mode`` for a process with ``n_envs`` envs: ``sync`` or ``async``.
 
-    ``auto`` picks async where it can run (``async_unsupported``) and measured faster: for image observations
-    (a CNN policy), sync for flat ones. Measured on the shared 2-core development machine (CPU, 1 torch thread,
-    load average 1.2-1.4 from other jobs; ``Trainer.collect()`` steps/s, medians of 5 interleaved rollouts, async
-    with 2 groups over sync): CartPole-v1 0.51x at 8 envs and 0.73x at 64, LunarLander-v2 0.95x at 64 (a small
-    MLP's forward costs about as much as the env step, and halving its batch doubles its per-call overhead while
-    the two cores are busy anyway); Breakout-v5 (Nature-CNN) 1.09x at 8 envs and 1.01x at 64 (the forward of one
-    group overlaps the emulator steps of the other). Not yet measured on CUDA, where auto keeps the same rule.
+    ``auto`` picks async where it can run (``async_unsupported``; never for a recurrent policy, which steps every env
+    together) and measured faster: for image observations (a CNN policy), sync for flat ones. Measured on the shared
+    2-core development machine (CPU, 1 torch thread, load average 1.2-1.4 from other jobs; ``Trainer.collect()``
+    steps/s, medians of 5 interleaved rollouts, async with 2 groups over sync): CartPole-v1 0.51x at 8 envs and 0.73x
+    at 64, LunarLander-v2 0.95x at 64 (a small MLP's forward costs about as much as the env step, and halving its
+    batch doubles its per-call overhead while the two cores are busy anyway); Breakout-v5 (Nature-CNN) 1.09x at 8
+    envs and 1.01x at 64 (the forward of one group overlaps the emulator steps of the other). Not yet measured on
+    CUDA, where auto keeps the same rule.
     """
     if cfg.env_mode != "auto":
         return cfg.env_mode
-    # normalize_* and time_feature run sync only (Config.validate refuses them with env_mode=async)
-    if cfg.time_feature or cfg.normalize_obs or cfg.normalize_reward or async_unsupported(cfg.env, cfg.env_backend,
-                                                                                          n_envs):
+    # normalize_* and time_feature run sync only (Config.validate refuses them with env_mode=async), and a recurrent
+    # policy too (the trainer and the actors refuse it with async)
+    if (cfg.time_feature or cfg.normalize_obs or cfg.normalize_reward or cfg.recurrent != "none"
+            or async_unsupported(cfg.env, cfg.env_backend, n_envs)):
         return "sync"
-    from fastrl.envs.batched import probe_env
     observation_shape = probe_env(cfg)[0]
     return "async" if len(observation_shape) == 3 else "sync"

@@ -36,8 +36,8 @@ import torch
 from fastrl._startup import import_envpool
 from fastrl.config import UserError, brief
 from fastrl.errors import first_line
-from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationError, check_finite_observation,
-                                     watched_vector_env)
+from fastrl.envs.env_workers import (EnvCodeError, EnvError, ObservationError, WatchedSyncVectorEnv,
+                                     WorkerGroupsVectorEnv, check_finite_observation)
 from fastrl.envs.masks import (check_action_mask, env_action_masks, masked_observation, masked_observation_space,
                                with_action_mask)
 from fastrl.envs.registry import (OBSERVATION_SUBSETS, atari_kwargs, env_identity, is_atari, is_procgen,
@@ -198,8 +198,8 @@ class BatchedEnv:
             # Workers fork on Linux whatever the global start method: `import torchrl` sets spawn, which re-runs a
             # script without a __main__ guard in each worker. They run the env's code only, never CUDA.
             fork = {"context": "fork"} if not in_process and sys.platform.startswith("linux") else {}
-            self._env = watched_vector_env(fns, in_process, timeout_s,
-                                           autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, **fork)
+            vector_env = WatchedSyncVectorEnv if in_process else WorkerGroupsVectorEnv  # every call under a deadline
+            self._env = vector_env(fns, timeout_s, autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP, **fork)
             obs_space, act_space = self._env.single_observation_space, self._env.single_action_space
         self._seed = seed
         try:
@@ -391,8 +391,7 @@ class NormalizedEnv:
 
     def state_dict(self, member: int = 0) -> dict:
         """Member ``member``'s statistics (a single run's format)."""
-        return {"obs_rms": self.obs_stats.member(member).state_dict(),
-                "return_rms": self.return_stats.member(member).state_dict()}
+        return {"obs_rms": self.obs_stats.member(member), "return_rms": self.return_stats.member(member)}
 
     def load_state_dict(self, state: dict, member: int = 0) -> None:
         self.obs_stats.load_member(member, state["obs_rms"])
@@ -423,18 +422,6 @@ def probe_env(cfg) -> tuple[tuple, torch.dtype, ActionSpec]:
 def probe_spaces(cfg) -> tuple:
     """``(observation_space, action_space)`` of one of ``cfg``'s envs, Gymnasium spaces (the probe's, cached)."""
     return _probe(*_probe_key(cfg))[3]
-
-
-def observation_space_of(cfg, observation_shape: tuple):
-    """The observation space a model for ``cfg``'s env needs to know beyond its shape: that of an env with flat
-    observations (a packed Dict, Discrete or MultiDiscrete ones; see ``fastrl.envs.spaces.observation_format``), else None
-    (one env is built to read it, cached)."""
-    if len(observation_shape) != 1:
-        return None
-    if cfg.env_backend == "torch":
-        from fastrl.envs.torch_envs import resolve_torch_env
-        return resolve_torch_env(cfg.env).observation_space
-    return probe_spaces(cfg)[0]
 
 
 def _probe_key(cfg) -> tuple:

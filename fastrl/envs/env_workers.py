@@ -13,6 +13,7 @@ Both mark their waits (``fastrl.signals.waiting_on_env``), so a stop signal ends
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -60,12 +61,9 @@ class EnvFault(RuntimeError):
 class EnvCodeError(RuntimeError):
     """What a Python env raised, carried out of a vector env's worker process: ``kind`` (the exception's type name),
     ``message`` (its first line) and ``trace`` (its traceback through the env's own code, formatted where it was
-    raised). Gymnasium's AsyncVectorEnv re-raises a worker's exception as ``type(e)(e)``, so building one from
-    another copies it."""
+    raised)."""
 
     def __init__(self, message="", kind: str = "", trace: str = ""):
-        if isinstance(message, EnvCodeError):
-            message, kind, trace = message.message, message.kind, message.trace
         super().__init__(message)
         self.message, self.kind, self.trace = str(message), kind, trace
 
@@ -122,13 +120,6 @@ def read_env_error(buffer) -> EnvError | None:
         return EnvError(record["env"], error, record["call"])
     except (ValueError, KeyError, TypeError):
         return None
-
-
-def watched_vector_env(env_fns: list, in_process: bool, timeout_s: float, **kwargs):
-    """The vector env over ``env_fns``: in this process (``WatchedSyncVectorEnv``) or in worker processes
-    (``WorkerGroupsVectorEnv``), every call under the ``timeout_s`` deadline."""
-    vector_env = WatchedSyncVectorEnv if in_process else WorkerGroupsVectorEnv
-    return vector_env(env_fns, timeout_s, **kwargs)
 
 
 # --------------------------------------------------------------------------- in this process
@@ -211,10 +202,9 @@ def _worker(env_fns: list, pipe, parent_pipe, parent_pid: int):
     ends the worker with its exit code, as Gymnasium's workers end."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    try:
+    # Not Linux (no prctl): the run still kills its workers on every way out it controls.
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the run still kills its workers on every way out it controls
-        pass
     if os.getppid() != parent_pid:
         os._exit(0)
     parent_pipe.close()
@@ -358,14 +348,12 @@ class WorkerGroupsVectorEnv(gymnasium.vector.VectorEnv):
             return
         self.closed = True
         if not terminate:
-            try:
+            with contextlib.suppress(EOFError, OSError):  # a worker died while closing: kill the rest below
                 for pipe in self.pipes:
                     pipe.send(("close", None))
                 for pipe in self.pipes:
                     if pipe.poll(self.timeout_s or None):
                         pipe.recv()
-            except (EOFError, OSError):
-                pass  # a worker died while closing: kill the rest below
         for process in self.processes:
             process.join(0 if terminate else 1.0)
             if process.is_alive():

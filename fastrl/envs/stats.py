@@ -100,34 +100,9 @@ class EpisodeStats:
         self.count = int(state["count"])
 
 
-class RunningMeanStd:
-    """Running mean and variance over the batch dimension (Chan et al. parallel update), float64."""
-
-    def __init__(self, shape=()):
-        self.mean = torch.zeros(shape, dtype=torch.float64)
-        self.var = torch.ones(shape, dtype=torch.float64)
-        self.count = torch.tensor(1e-4, dtype=torch.float64)
-
-    def update(self, x: torch.Tensor) -> None:
-        if x.shape[0] == 0:  # e.g. every env on its reset step: nothing to learn, and no NaN from an empty mean
-            return
-        x = x.double()
-        batch_mean, batch_var, n = x.mean(0), x.var(0, unbiased=False), x.shape[0]
-        delta = batch_mean - self.mean
-        total = self.count + n
-        self.mean += delta * n / total
-        self.var = (self.var * self.count + batch_var * n + delta.square() * self.count * n / total) / total
-        self.count = total
-
-    def state_dict(self) -> dict:
-        return {"mean": self.mean.clone(), "var": self.var.clone(), "count": self.count.clone()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"].clone(), state["var"].clone(), state["count"].clone()
-
-
-def normalize_observation(obs: torch.Tensor, obs_rms: RunningMeanStd, clip: float) -> torch.Tensor:
-    """``(obs - mean) / sqrt(var + 1e-8)``, clipped to ``[-clip, clip]``, float32: what the policy was trained on."""
+def normalize_observation(obs: torch.Tensor, obs_rms, clip: float) -> torch.Tensor:
+    """``(obs - mean) / sqrt(var + 1e-8)`` (``obs_rms.mean``, ``obs_rms.var``), clipped to ``[-clip, clip]``, float32:
+    what the policy was trained on."""
     scaled = (obs.double() - obs_rms.mean) / torch.sqrt(obs_rms.var + 1e-8)
     return scaled.clamp_(-clip, clip).float()
 
@@ -169,11 +144,9 @@ class MemberRunningMeanStd:
             self.mean, self.var = torch.where(seen, mean, self.mean), torch.where(seen, var, self.var)
             self.count = torch.where(n > 0, self.count + n, self.count)
 
-    def member(self, m: int) -> RunningMeanStd:
-        """Member ``m``'s statistics as a single run's ``RunningMeanStd`` (a copy)."""
-        rms = RunningMeanStd(self.mean.shape[1:])
-        rms.load_state_dict({"mean": self.mean[m], "var": self.var[m], "count": self.count[m]})
-        return rms
+    def member(self, m: int) -> dict:
+        """Member ``m``'s statistics in a single run's checkpoint format: ``{"mean", "var", "count"}`` (copies)."""
+        return {"mean": self.mean[m].clone(), "var": self.var[m].clone(), "count": self.count[m].clone()}
 
     def load_member(self, m: int, state: dict) -> None:
         self.mean[m], self.var[m], self.count[m] = state["mean"], state["var"], state["count"]

@@ -80,7 +80,7 @@ class MembersMLPGradient:
         weight transposed and bias as a ``[K, 1, out]`` row. Made once per weights tensor: the trainer writes its
         weights in place, so the views stay current (about 40 us of view ops a step otherwise)."""
         if self._prepared_for is not params:
-            views = self.layout.member_views(params)
+            views = self.layout.views(params)
             layers = [*self.actor, *([] if self.shared else self.critic), self.policy_head, self.value_head]
             self._prepared = (views, {w: views[w].transpose(1, 2) for w, _, _ in layers},
                               {b: views[b].unsqueeze(1) for _, b, _ in layers})

@@ -29,7 +29,7 @@ from torch import nn
 
 from fastrl.config import UserError
 from fastrl.envs.registry import is_procgen
-from fastrl.envs.spaces import ActionSpec
+from fastrl.envs.spaces import ActionSpec, observation_format
 from fastrl.kernels.recurrent import lstm_sequence
 from fastrl.learn.masking import action_mask, masked_logits
 
@@ -453,15 +453,6 @@ class DictActorCritic(ActorCriticHeads):
 CORES = {"lstm": nn.LSTMCell, "gru": nn.GRUCell}
 
 
-def check_recurrent(cfg) -> None:
-    """One-line UserErrors for what a recurrent policy does not cover."""
-    if getattr(cfg, "use_sde", False) or getattr(cfg, "policy", ""):
-        raise UserError(f"recurrent={cfg.recurrent} builds fastrl's own policy without gSDE: drop use_sde and policy, "
-                        "or use --recurrent none")
-    if cfg.recurrent_size <= 0:
-        raise UserError(f"recurrent_size must be > 0, got {cfg.recurrent_size}")
-
-
 class RecurrentActorCritic(nn.Module):
     """``base`` (an ``ActorCritic`` with a shared trunk, or a ``PixelActorCritic`` / ``DictActorCritic``) gives the
     encoder (its ``_features``), the action distribution and its heads, rebuilt over the core's ``size`` outputs."""
@@ -560,56 +551,37 @@ def custom_policy(cfg, obs_shape: tuple, action_spec: ActionSpec) -> nn.Module:
 
 
 def make_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None = None,
-               channels_last: bool = False, observation_space=None) -> nn.Module:
+               observation_space=None) -> nn.Module:
     """The actor-critic ``cfg.policy`` names (a custom class), else the one ``cfg.encoder`` asks for (a Dict env's:
     ``DictActorCritic``; Discrete observations: one-hot encoded), under ``cfg.recurrent`` a ``RecurrentActorCritic``
     over it. ``obs_scale`` None: 1/255 for image observations.
-    ``observation_space``: one env's Gymnasium space (None: read from ``cfg``'s env where the shape needs it)."""
-    recurrent = getattr(cfg, "recurrent", "none")
-    if recurrent != "none":
-        check_recurrent(cfg)
-    if getattr(cfg, "policy", ""):
-        if getattr(cfg, "use_sde", False):
-            raise UserError("use_sde (gSDE) is built into fastrl's MLP policy, not into a custom policy class: drop "
-                            "use_sde, or give your class its own exploration")
+    ``observation_space``: one env's Gymnasium space (None: read from ``cfg``'s env where the shape needs it).
+    ``cfg.ortho_init`` off: every linear and conv layer re-initialized with PyTorch's default (``reset_parameters``:
+    Kaiming-uniform weights, uniform biases), as SB3 leaves them; ``log_std`` keeps its value."""
+    if cfg.policy:
         return custom_policy(cfg, obs_shape, action_spec)
-    agent = _built_agent(cfg, obs_shape, action_spec, obs_scale, channels_last, observation_space)
-    if not getattr(cfg, "ortho_init", True):
-        default_init_(agent)
-    return agent if recurrent == "none" else RecurrentActorCritic(agent, recurrent, cfg.recurrent_size)
-
-
-def default_init_(agent: nn.Module) -> nn.Module:
-    """Re-initialize every linear and conv layer with PyTorch's default (``reset_parameters``: Kaiming-uniform
-    weights, uniform biases), as SB3 leaves them with ``ortho_init=False``; ``log_std`` keeps its value."""
-    for layer in agent.modules():
-        if isinstance(layer, (nn.Linear, nn.Conv2d)):
-            layer.reset_parameters()
-    return agent
-
-
-def _built_agent(cfg, obs_shape: tuple, action_spec: ActionSpec, obs_scale: float | None,
-                 channels_last: bool, observation_space) -> nn.Module:
-    from fastrl.envs.batched import observation_space_of
-    from fastrl.envs.spaces import observation_format
-    if observation_space is None and hasattr(cfg, "env_backend"):
-        observation_space = observation_space_of(cfg, tuple(obs_shape))
-    form = None if observation_space is None else observation_format(observation_space, getattr(cfg, "env", ""))
+    from fastrl.envs.batched import probe_spaces
+    if observation_space is None and len(obs_shape) == 1:  # flat: maybe a packed Dict, Discrete or MultiDiscrete
+        observation_space = probe_spaces(cfg)[0]
+    form = None if observation_space is None else observation_format(observation_space, cfg.env)
     layout, one_hot = (form.layout, form.one_hot) if form is not None else (None, None)
     if layout is not None and layout[-1].mask and len(layout) == 2 and not layout[0].image:
         layout, one_hot = None, layout[0].one_hot  # one entry beside the mask: its array is the observation
-    encoder = "dict" if layout is not None else resolve_encoder(getattr(cfg, "encoder", "auto"), tuple(obs_shape),
-                                                                  getattr(cfg, "env", ""))
-    use_sde = getattr(cfg, "use_sde", False)
-    if use_sde and encoder != "mlp":
+    encoder = "dict" if layout is not None else resolve_encoder(cfg.encoder, tuple(obs_shape), cfg.env)
+    if cfg.use_sde and encoder != "mlp":
         raise UserError(f"use_sde (gSDE) needs the MLP policy over flat observations, and this env's observations use "
                         f"the {encoder} encoder: drop use_sde")
     if layout is not None:
-        return DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
-    if encoder == "mlp":
-        shared = cfg.shared_trunk or getattr(cfg, "recurrent", "none") != "none"  # one trunk feeds the core
-        return ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, shared, cfg.init_log_std,
-                           getattr(cfg, "pi_sizes", ()), getattr(cfg, "vf_sizes", ()), use_sde, one_hot,
-                           form.mask if form is not None else 0)
-    return PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
-                            cfg.init_log_std, channels_last)
+        agent = DictActorCritic(layout, action_spec, cfg.hidden_sizes, cfg.activation, cfg.init_log_std)
+    elif encoder == "mlp":
+        shared = cfg.shared_trunk or cfg.recurrent != "none"  # one trunk feeds the core
+        agent = ActorCritic(obs_shape, action_spec, cfg.hidden_sizes, cfg.activation, shared, cfg.init_log_std,
+                            cfg.pi_sizes, cfg.vf_sizes, cfg.use_sde, one_hot, form.mask if form is not None else 0)
+    else:
+        agent = PixelActorCritic(obs_shape, action_spec, encoder, 1 / 255 if obs_scale is None else obs_scale,
+                                 cfg.init_log_std)
+    if not cfg.ortho_init:
+        for layer in agent.modules():
+            if isinstance(layer, (nn.Linear, nn.Conv2d)):
+                layer.reset_parameters()
+    return agent if cfg.recurrent == "none" else RecurrentActorCritic(agent, cfg.recurrent, cfg.recurrent_size)

@@ -74,8 +74,9 @@ class FlatLayout:
         return torch.cat([p.detach().reshape(-1).float() for p in agent.parameters()])
 
     def views(self, flat: torch.Tensor) -> list:
-        """``[P]`` -> one view per parameter, shaped as it."""
-        return [flat[a:b].view(shape) for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
+        """``[P]`` -> one view per parameter, shaped as it; ``[K, P]`` -> one per parameter, shaped ``[K, *shape]``."""
+        return [flat[..., a:b].view((*flat.shape[:-1], *shape))
+                for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
 
     def bind(self, agent: nn.Module, flat: torch.Tensor) -> None:
         """Make the agent's parameters views of ``flat [P]``: writes to ``flat`` are the module's new weights."""
@@ -105,18 +106,13 @@ class FlatLayout:
         one kernel that tests every slice's bounds at every element: 75% of a compiled Walker2d update step.)"""
         return torch.cat([g.reshape(-1) for g in grads])
 
-    def member_views(self, flat: torch.Tensor) -> list:
-        """``[K, P]`` -> one view per parameter, shaped ``[K, *shape]``."""
-        return [flat[:, a:b].view(flat.shape[0], *shape)
-                for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], self.shapes)]
-
     def call_members(self, method: str, flat: torch.Tensor, *args, views: list | None = None):
         """``agent.<method>`` of K members: weights ``flat [K, P]``, every argument ``[K, B, ...]`` (None passes
         through). An MLP actor-critic runs as batched matmuls (``members_actor_critic``; ``views``: ``flat``'s
-        ``member_views``, if the caller keeps them), other agents under vmap."""
+        ``views``, if the caller keeps them), other agents under vmap."""
         if self.batched:
             members = members_lstm if isinstance(self.agent, RecurrentActorCritic) else members_actor_critic
-            return members(self, self.member_views(flat) if views is None else views, method, *args)
+            return members(self, self.views(flat) if views is None else views, method, *args)
         in_dims = (0, *(None if a is None else 0 for a in args))
         return vmap(lambda w, *a: self.call(method, w, *a), in_dims=in_dims)(flat, *args)
 
@@ -214,7 +210,7 @@ class MemberPolicy:
         self.n_members = params.shape[0]
         # Eagerly, the per-parameter views of ``params`` (written in place by the update) are made once, not per
         # step (about 30 us of a 3-member CartPole step); a compiled rollout step slices ``params`` in its graph.
-        self._views = layout.member_views(params) if layout.batched and self.n_members > 1 else None
+        self._views = layout.views(params) if layout.batched and self.n_members > 1 else None
 
     def _eager_views(self):
         return None if torch.compiler.is_compiling() else self._views

@@ -106,10 +106,10 @@ class UpdateSpec:
                   if cfg.algo in ("impala", "appo") else ())
         # IMPALA makes one pass per batch (n_epochs is APPO's), A2C one step; only PPO stops early on target_kl.
         return cls(cfg.algo, optimizer_name(cfg), tuple(sorted(optimizer_hparams(cfg).items())),
-                   bool(getattr(cfg, "clip_vloss", False)), bool(cfg.norm_adv),
+                   bool(cfg.clip_vloss), bool(cfg.norm_adv),
                    float(cfg.target_kl) if cfg.algo == "ppo" else 0.0,
                    1 if cfg.algo in ("a2c", "impala") else cfg.n_epochs, 1 if a2c else cfg.n_minibatches,
-                   cfg.amp == "fp16", vtrace, cfg.n_steps if getattr(cfg, "recurrent", "none") != "none" else 0)
+                   cfg.amp == "fp16", vtrace, cfg.n_steps if cfg.recurrent != "none" else 0)
 
     @property
     def loss_keys(self) -> tuple:
@@ -325,7 +325,7 @@ class Update:
             if self.layout.batched:
                 # Differentiated with respect to each parameter's [K, *shape] view, concatenated after: the gradient
                 # with respect to [K, P] itself would add one zero-padded [K, P] slice per parameter.
-                leaves = views = [view.requires_grad_() for view in self.layout.member_views(weights)]
+                leaves = views = [view.requires_grad_() for view in self.layout.views(weights)]
             else:
                 leaves = [weights.requires_grad_()]
             with self.autocast():
@@ -373,16 +373,22 @@ class Update:
         return params, new_state, grad_norm, ~finite, applied
 
     # ------------------------------------------------------------------ minibatch steps
-    def steps(self, params, opt_state: dict, batch: tuple, index, hparams: dict, active, epoch_ends=None):
+    def steps(self, params, opt_state: dict, batch: tuple, index, hparams: dict, active, epoch_ends=None,
+              in_place: bool = False):
         """Some minibatch steps of the update: ``index [count, B / n_minibatches]`` their rows (None: A2C's one step
         on the whole batch). ``active`` (0-d bool): False once target_kl stopped the update; ``epoch_ends [count]``
         (bool, needed with target_kl) marks the steps that end an epoch. Returns ``(params, opt_state, sums,
         active)``: ``sums`` the stats summed over the applied steps, with ``n_updates`` and ``nonfinite_updates``.
+        ``in_place``: each step's weights and optimizer state are written into ``params`` and ``opt_state`` (the eager
+        module path, ``eager_agent``, reads its weights from ``params``), which are returned.
         The loop twin of ``scan_steps``: one ``step`` per minibatch."""
         carry = (params, opt_state, self.zero_sums(params), active)
         for j in range(1 if index is None else index.shape[-2]):
             carry = self.step(carry, self.minibatch(batch, index, j), hparams,
                               None if epoch_ends is None else epoch_ends[j])
+            if in_place:
+                copy_weights(params, opt_state, *carry[:2])
+                carry = (params, opt_state, *carry[2:])
         return carry
 
     def scan_steps(self, params, opt_state: dict, batch: tuple, index, hparams: dict, active, epoch_ends,
@@ -476,30 +482,18 @@ class Update:
                 **dict(zip(SEQUENCE_KEYS, learner_inputs[len(VTRACE_KEYS):]))}
         return tuple(rows[key].flatten(0, 1) for key in self.spec.loss_keys), stats
 
-    def __call__(self, params, opt_state: dict, batch: dict, hparams: dict):
+    def __call__(self, params, opt_state: dict, batch: dict, hparams: dict, in_place: bool = False):
         """``(params, opt_state, metrics)`` after every minibatch step of one rollout (see the module docstring).
         ``metrics``: the means of ``stat_names(algo)`` over the applied steps, ``n_updates``, ``nonfinite_updates``
-        (and APPO's V-trace statistics)."""
+        (and APPO's V-trace statistics). ``in_place``: ``params`` and ``opt_state`` are written after every step, as
+        ``steps`` writes them."""
         inputs, stats = self.inputs(params, batch)
         index = batch.get("minibatch_index")
         active = torch.ones((), dtype=torch.bool, device=params.device)
         params, opt_state, sums, _ = self.steps(params, opt_state, inputs, index, hparams, active,
-                                                epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device))
+                                                epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device),
+                                                in_place)
         return params, opt_state, {**finish_metrics(sums), **stats}
-
-    def in_place(self, params, opt_state: dict, batch: dict, hparams: dict) -> dict:
-        """``__call__``, with ``params`` and ``opt_state`` written in place after every step (the eager module path,
-        ``eager_agent``, reads its weights from ``params``). Returns the metrics."""
-        inputs, stats = self.inputs(params, batch)
-        index = batch.get("minibatch_index")
-        epoch_ends = epoch_end_mask(0, self.spec.n_steps, self.spec.n_minibatches, params.device)
-        carry = (params, opt_state, self.zero_sums(params), torch.ones((), dtype=torch.bool, device=params.device))
-        for j in range(1 if index is None else index.shape[0]):
-            new_params, new_state, sums, active = self.step(carry, self.minibatch(inputs, index, j), hparams,
-                                                            epoch_ends[j])
-            copy_weights(params, opt_state, new_params, new_state)
-            carry = (params, opt_state, sums, active)
-        return {**finish_metrics(carry[2]), **stats}
 
 
 def copy_weights(params, opt_state: dict, new_params, new_state: dict, member=...) -> None:

@@ -12,7 +12,7 @@ from fastrl.distributed.seeding import member_generator, seed_process
 from fastrl.envs.async_env import resolve_env_mode
 from fastrl.envs.batched import make_env
 from fastrl.envs.buffers import make_rollout_buffer
-from fastrl.envs.stats import EpisodeStats, RunningMeanStd
+from fastrl.envs.stats import EpisodeStats, MemberRunningMeanStd
 from fastrl.learn.impala import learner_batch
 from fastrl.learn.models import make_agent
 from fastrl.learn.optim import annealed_lr
@@ -165,9 +165,8 @@ class ActorLearnerTrainer(MemberState):
                 self.slot_age.append(time.monotonic() - float(ring.time_np[slot]))
                 lag = self.iteration - int(ring.version_np[slot])
                 finished = int(ring.n_episodes[slot])
-                kept = min(finished, ring.episode_return.shape[1])
-                record_episodes(self.episodes, ring.episode_return[slot, :kept], ring.episode_length[slot, :kept],
-                                finished)
+                record_episodes(self.episodes, ring.episode_return[slot, :finished],
+                                ring.episode_length[slot, :finished], finished)  # the slot keeps the last of them
                 self.global_step += cfg.n_steps * N
                 if cfg.max_policy_lag and lag > cfg.max_policy_lag:
                     self.dropped += 1
@@ -200,8 +199,8 @@ class ActorLearnerTrainer(MemberState):
         index = learner_minibatch_index(self.spec, *batch.batch_size, self.minibatch_generators[0], self.device)
         if index is not None:
             inputs["minibatch_index"] = index
-        sums = self.update_fn.in_place(self.params[0], {key: value[0] for key, value in self.opt_state.items()},
-                                       inputs, {key: value[0] for key, value in self.hparams.items()})
+        sums = self.update_fn(self.params[0], {key: value[0] for key, value in self.opt_state.items()}, inputs,
+                              {key: value[0] for key, value in self.hparams.items()}, in_place=True)[2]
         metrics = {key if "/" in key else f"losses/{key}": value for key, value in sums.items()}
         metrics["charts/learning_rate"] = lr
         self.iteration += 1
@@ -245,7 +244,8 @@ class ActorLearnerTrainer(MemberState):
     def normalizer_state(self, m: int = 0) -> dict:
         """Identity statistics, in the PPO trainer's format (so ``fastrl eval`` and ``--resume`` work): observation and
         reward normalization are refused for impala/appo (config.validate)."""
-        return {"obs_rms": RunningMeanStd(self.obs_shape).state_dict(), "return_rms": RunningMeanStd(()).state_dict()}
+        return {"obs_rms": MemberRunningMeanStd(1, self.obs_shape).member(0),
+                "return_rms": MemberRunningMeanStd(1).member(0)}
 
     def load_normalizer(self, state: dict, m: int = 0) -> None:
         pass

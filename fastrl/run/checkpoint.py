@@ -30,10 +30,7 @@ def checkpoint_path(run_dir: Path, step: int) -> Path:
 
 def list_checkpoints(directory: Path) -> list[Path]:
     """Checkpoints in ``directory``, oldest first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if _NAME.match(p.name))
+    return sorted(p for p in Path(directory).glob("ckpt_*.pt") if _NAME.match(p.name))  # none: a missing directory
 
 
 def save_checkpoint(state: dict, path: Path, keep: int = 0) -> Path:

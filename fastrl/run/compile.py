@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from torch.utils._pytree import tree_map
 
 from fastrl.errors import first_line
 from fastrl.signals import STOP_HANDLER_CODE, stop_requested
@@ -183,8 +184,7 @@ class CompiledOrEager:
         self.graph_outputs = mode == "reduce-overhead"
         # dynamic=False: every shape here is fixed for a run, and a second trainer in the same process (another
         # n_envs, another minibatch) gets its own static graph instead of turning the shared code dynamic.
-        options = {"fullgraph": True, "dynamic": False} if fullgraph else {"dynamic": False}
-        self.fn = torch.compile(fn, mode=mode, **options) if self.compiled else fn
+        self.fn = torch.compile(fn, mode=mode, fullgraph=fullgraph, dynamic=False) if self.compiled else fn
         if self.compiled:
             _prime_tensordict_memo()
         self._checked = not self.compiled
@@ -215,18 +215,11 @@ class CompiledOrEager:
 GRAPH_OUTPUT_DEVICES = ("cuda",)
 
 
-def own_graph_outputs(out, device_types: tuple | None = None):
+def own_graph_outputs(out):
     """``out`` (tensors in tuples, lists and dicts) with each tensor on one of ``device_types`` cloned: CUDA graphs
     write every replay's outputs to the same memory, which the next replay overwrites."""
-    device_types = GRAPH_OUTPUT_DEVICES if device_types is None else device_types
-    if isinstance(out, torch.Tensor):
-        return out.clone() if out.device.type in device_types else out
-    if isinstance(out, dict):
-        return {key: own_graph_outputs(value, device_types) for key, value in out.items()}
-    if isinstance(out, (tuple, list)):
-        values = [own_graph_outputs(value, device_types) for value in out]
-        return type(out)(*values) if hasattr(out, "_fields") else type(out)(values)
-    return out
+    return tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) and x.device.type in GRAPH_OUTPUT_DEVICES
+                    else x, out)
 
 
 # Tests turn this off to check that the hot loops never need a recompile (what makes skipping the guards safe).

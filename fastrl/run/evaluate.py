@@ -54,7 +54,7 @@ def _policy_action(agent, obs: torch.Tensor, device: torch.device, deterministic
 
 def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_000,
                         deterministic: bool = True, max_total_steps: int | None = None, should_stop=None,
-                        label: str | None = None, stats: dict | None = None) -> torch.Tensor:
+                        label: str | None = None) -> torch.Tensor:
     """Step every env of the batched ``env`` together until each has finished its first episode, for at most
     ``max_steps`` steps (the cap per episode) and ``max_total_steps`` env steps in all (``steps * n_envs``). Returns
     each env's first-episode return, float64 ``[env.n_envs]``; an episode still running at a cap counts its return
@@ -64,7 +64,7 @@ def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_0
     (no per-env Python loop). Envs that finished early keep stepping with the rest (auto-reset), their later
     episodes masked out. ``should_stop()`` true between two steps raises ``EvaluationStopped``. ``label``: print a
     progress line every ``PROGRESS_EVERY_S`` seconds, and say what a cap cut, under that name (unlabelled, only the
-    cut is said). ``stats``, when given, receives ``steps`` (per env) and ``cut`` (episodes a cap ended).
+    cut is said).
     """
     n_envs = env.n_envs
     if max_total_steps:
@@ -97,75 +97,44 @@ def play_first_episodes(agent, env, device: torch.device, max_steps: int = 100_0
         print(f"fastrl: {label or 'evaluation'}: cut {cut} of {n_envs} episodes at {steps:,} steps (the cap: "
               f"eval_max_episode_steps, and eval_max_steps over all envs); their returns so far count",
               file=sys.stderr, flush=True)
-    if stats is not None:
-        stats.update(steps=steps, cut=cut)
     return episode_return
 
 
-def _eval_env(cfg, n_envs: int, seed: int, normalizer_state: dict | None):
-    # training=False: frozen normalizer statistics, unscaled rewards, whole unclipped Atari games.
-    env = make_env(cfg, n_envs=n_envs, seed=seed, training=False)
-    if normalizer_state is not None:
-        env.load_state_dict(normalizer_state)
-    return env
-
-
-def _bounds(cfg, max_steps, deterministic, max_total_steps) -> tuple[int, bool, int]:
-    """The caps and the action rule: the arguments given, else the config's ``eval_*`` settings."""
-    return (cfg.eval_max_episode_steps if max_steps is None else max_steps,
-            cfg.eval_deterministic if deterministic is None else deterministic,
-            cfg.eval_max_steps if max_total_steps is None else max_total_steps)
-
-
-def describe(cfg, episodes: int, seeds: int, deterministic: bool | None = None) -> str:
+def describe(cfg, episodes: int, seeds: int) -> str:
     """What an evaluation plays, in words: ``10 episodes (5 seeds x 2), deterministic policy, at most ...``."""
-    max_steps, deterministic, max_total_steps = _bounds(cfg, None, deterministic, None)
-    rule = "deterministic policy" if deterministic else "sampled actions"
-    return (f"{seeds * episodes} episodes ({seeds} seed{'s' * (seeds != 1)} x {episodes}), {rule}, at most {max_steps:,} steps each and "
-            f"{max_total_steps:,} in all")
+    rule = "deterministic policy" if cfg.eval_deterministic else "sampled actions"
+    return (f"{seeds * episodes} episodes ({seeds} seed{'s' * (seeds != 1)} x {episodes}), {rule}, at most "
+            f"{cfg.eval_max_episode_steps:,} steps each and {cfg.eval_max_steps:,} in all")
 
 
 @torch.no_grad()
 def evaluate(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
              max_steps: int | None = None, deterministic: bool | None = None, max_total_steps: int | None = None,
-             should_stop=None, label: str | None = None, stats: dict | None = None) -> torch.Tensor:
+             should_stop=None, label: str | None = None) -> torch.Tensor:
     """Play ``seeds`` x ``episodes`` episodes at once: one batched env of ``seeds * episodes`` envs, each
     contributing its first episode. Returns the returns, float64 ``[seeds * episodes]``, seed group by seed group
     (env ``k * episodes + j`` is seeded ``eval_seed(cfg.seed, k, episodes) + j``).
 
     ``deterministic``: the policy's mode (argmax / mean); False samples. ``max_steps`` (per episode) and
     ``max_total_steps`` (all envs together) cap the evaluation; None takes ``cfg.eval_deterministic``,
-    ``cfg.eval_max_episode_steps`` and ``cfg.eval_max_steps``. ``should_stop``, ``label``, ``stats``: see
-    ``play_first_episodes``. ``evaluate_per_seed`` is the plain twin, one seed group after another; for a
+    ``cfg.eval_max_episode_steps`` and ``cfg.eval_max_steps``. ``should_stop``, ``label``: see
+    ``play_first_episodes``. Its twin in tests/test_evaluate.py plays one seed group after another; for a
     deterministic policy both give the same returns.
     """
     from fastrl.envs.batched import probe_env
     from fastrl.run.footprint import check_eval_memory
-    max_steps, deterministic, max_total_steps = _bounds(cfg, max_steps, deterministic, max_total_steps)
+    max_steps = cfg.eval_max_episode_steps if max_steps is None else max_steps
+    deterministic = cfg.eval_deterministic if deterministic is None else deterministic
+    max_total_steps = cfg.eval_max_steps if max_total_steps is None else max_total_steps
     shape, dtype, _ = probe_env(cfg)
     check_eval_memory(seeds * episodes, shape, dtype, f"an evaluation of {seeds} seeds x {episodes} episodes")
-    env = _eval_env(cfg, seeds * episodes, eval_seed(cfg.seed), normalizer_state)
+    env = make_env(cfg, n_envs=seeds * episodes, seed=eval_seed(cfg.seed), training=False)  # frozen normalizer
+    if normalizer_state is not None:
+        env.load_state_dict(normalizer_state)
     try:
-        return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label,
-                                   stats)
+        return play_first_episodes(agent, env, device, max_steps, deterministic, max_total_steps, should_stop, label)
     finally:
         env.close()
-
-
-@torch.no_grad()
-def evaluate_per_seed(agent, cfg, normalizer_state: dict | None, episodes: int, seeds: int, device: torch.device,
-                      max_steps: int | None = None, deterministic: bool | None = None) -> torch.Tensor:
-    """``evaluate``'s reference twin: one env of ``episodes`` envs per seed group, the groups one after another
-    (the per-evaluation cap is not applied)."""
-    max_steps, deterministic, _ = _bounds(cfg, max_steps, deterministic, None)
-    results = []
-    for k in range(seeds):
-        env = _eval_env(cfg, episodes, eval_seed(cfg.seed, k, episodes), normalizer_state)
-        try:
-            results.append(play_first_episodes(agent, env, device, max_steps, deterministic))
-        finally:
-            env.close()
-    return torch.cat(results)
 
 
 def _skip_video(reason: str) -> list:

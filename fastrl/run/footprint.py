@@ -21,6 +21,7 @@ import torch
 
 from fastrl.config import Config, UserError
 from fastrl.defaults import ACTOR_LEARNER_ALGOS
+from fastrl.run.storage import gib
 
 ENV_BYTES = 32 << 10  # per env, beyond its observation buffers
 SCALARS = 10  # per step: reward, done, terminated, value, log-prob, advantage, return, ... as 4-byte numbers
@@ -36,10 +37,6 @@ def available_host_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.1f} MiB"
 
 
 def observation_bytes(shape: tuple, dtype: torch.dtype) -> int:

@@ -35,10 +35,6 @@ class RollbackGuard:
         self._below = 0
         self._nonfinite_streak = 0
 
-    def remember(self, state: dict, step: int) -> None:
-        self.best_state = copy.deepcopy(state)
-        self.best_step = step
-
     def observe(self, recent_return: float | None, window_full: bool, nonfinite_updates: float,
                 state_fn, step: int) -> str | None:
         """Feed one log step. Returns the reason to roll back ("collapse" / "nonfinite"), or None.
@@ -47,14 +43,14 @@ class RollbackGuard:
         """
         self._nonfinite_streak = self._nonfinite_streak + 1 if nonfinite_updates > 0 else 0
         if self.best_state is None:
-            self.remember(state_fn(), step)
+            self.best_state, self.best_step = copy.deepcopy(state_fn()), step
         reason = None
         if self._nonfinite_streak >= self.max_nonfinite:
             reason = "nonfinite"
         elif recent_return is not None and window_full:
             if recent_return > self.best_return and nonfinite_updates == 0:
                 self.best_return = recent_return
-                self.remember(state_fn(), step)
+                self.best_state, self.best_step = copy.deepcopy(state_fn()), step
                 self._below = 0
             elif recent_return < self.best_return - self.drop * abs(self.best_return):
                 self._below += 1

@@ -35,6 +35,7 @@ from functools import partial
 
 import torch
 
+from fastrl.kernels.gae import gae_reference
 from fastrl.learn.ppo import explained_variance
 from fastrl.learn.update import Update, epoch_end_mask, finish_metrics, members_call
 
@@ -59,17 +60,6 @@ def gae_scan(reward, value, next_value, done, terminated, gamma, lam):
     return advantage, advantage + value
 
 
-def gae_loop(reward, value, next_value, done, terminated, gamma, lam):
-    """``gae_scan``'s loop twin (the same float32 arithmetic, a Python loop)."""
-    not_done, not_terminated = 1.0 - done.float(), 1.0 - terminated.float()
-    last, rows = torch.zeros_like(reward[0]), []
-    for t in range(reward.shape[0] - 1, -1, -1):
-        last = reward[t] + gamma * not_terminated[t] * next_value[t] - value[t] + gamma * lam * not_done[t] * last
-        rows.append(last)
-    advantage = torch.stack(rows[::-1])
-    return advantage, advantage + value
-
-
 class Iteration:
     """The iteration of one run (see the module docstring).
 
@@ -85,8 +75,6 @@ class Iteration:
 
     def __init__(self, layout, env_step, update: Update, n_steps: int, n_minibatches: int, autocast=nullcontext,
                  scan: bool = False):
-        if update.path == "module" or (scan and update.path != "functional"):
-            raise ValueError("the iteration takes the functional update path, or eagerly a members path")
         self.layout, self.env_step, self.update, self.autocast = layout, env_step, update, autocast
         self.n_steps, self.n_minibatches, self.scan = n_steps, n_minibatches, scan
         self.members_native = update.path != "functional"
@@ -110,7 +98,7 @@ class Iteration:
             start = state["recurrent_state"]  # a copy: the caller writes the new state into the tensor it gave
             rows["recurrent_state"] = start[None].expand(self.n_steps, *start.shape).clone()
         rows["next_value"] = torch.cat([rows["state_value"][1:], bootstrap[None]])
-        gae = gae_scan if self.scan else gae_loop
+        gae = gae_scan if self.scan else gae_reference
         rows["advantage"], rows["value_target"] = gae(
             rows["reward"], rows["state_value"], rows["next_value"], rows["done"], rows["terminated"],
             hparams["gamma"][:, None], hparams["gae_lambda"][:, None])
@@ -187,7 +175,5 @@ class Iteration:
 def record_finished(stats, done: torch.Tensor, finished_return: torch.Tensor, finished_length: torch.Tensor) -> None:
     """Hand a rollout's finished episodes (``[T, K * N]``, read where ``done``) to the env's ``EpisodeStats`` in the
     order the step-by-step bookkeeping records them: time-major, then env order."""
-    if not bool(done.any()):
-        return
     returns, lengths = finished_return[done].numpy(), finished_length[done].numpy()
     stats.record(returns, lengths, done.nonzero()[:, 1].numpy())  # a population's: to its members' rings too

@@ -72,7 +72,7 @@ def process_seconds() -> float | None:
         return None
 
 
-def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> bool:
+def save_if_finite(trainer, run_dir: Path, files: RunFiles) -> bool:
     """Write a checkpoint, unless the weights hold a NaN/Inf: a poisoned checkpoint is never written. ``files``: the
     run directory's record, which lists it before it is written (a kill mid-write leaves it recorded) and after."""
     if not trainer.weights_finite():
@@ -80,25 +80,20 @@ def save_if_finite(trainer, run_dir: Path, files: RunFiles | None = None) -> boo
         return False
     path = checkpoint_path(run_dir, trainer.global_step)
     relative = str(path.relative_to(run_dir))
-    if files is not None:
-        files.add(relative, hashed=False)
+    files.add(relative, hashed=False)
     save_checkpoint(trainer.state_dict(), path, trainer.cfg.keep_checkpoints)
-    if files is not None:
-        files.add(relative)
-        files.sync()  # the pruned checkpoints leave the record, the sinks' new files join it
+    files.add(relative)
+    files.sync()  # the pruned checkpoints leave the record, the sinks' new files join it
     return True
 
 
 def evaluate_members(trainer, normalizer_states: list | None = None, **evaluate_kwargs) -> list[tuple[float, float]]:
     """Each member's evaluation on separate envs (``eval_seeds`` x ``eval_episodes`` episodes, the seeds of its single
     run): ``[(mean, std)]``. ``evaluate_kwargs``: a stop check and a progress label, see ``fastrl.run.evaluate.evaluate``."""
-    results = []
-    for m, member in enumerate(trainer.members):
-        state = trainer.normalizer_state(m) if normalizer_states is None else normalizer_states[m]
-        returns = evaluate(trainer.member_agent(m), member, state, member.eval_episodes, member.eval_seeds,
-                           trainer.device, **evaluate_kwargs)
-        results.append((returns.mean().item(), returns.std(unbiased=False).item()))
-    return results
+    states = normalizer_states or [trainer.normalizer_state(m) for m in range(trainer.n_members)]
+    returns = [evaluate(trainer.member_agent(m), member, states[m], member.eval_episodes, member.eval_seeds,
+                        trainer.device, **evaluate_kwargs) for m, member in enumerate(trainer.members)]
+    return [(r.mean().item(), r.std(unbiased=False).item()) for r in returns]
 
 
 def evaluation_figures(per_member: list) -> dict:
@@ -116,13 +111,11 @@ def members_summary(trainer, member_eval: list | None, reached: list) -> dict:
     than one variant: ``variants`` holds them per variant, over its seeds, and nothing is aggregated across
     variants."""
     from fastrl.run.population import variant_summaries
-    members = []
-    for m in range(trainer.n_members):
-        recent = trainer.member_episode_summary(m)
-        members.append({**trainer.member_info(m), "episode_return_mean": recent.get("episode_return_mean"),
-                        "eval_return_mean": member_eval[m][0] if member_eval else None,
-                        "steps_to_return": reached[m][0] if reached[m] else None,
-                        "time_to_return_s": reached[m][1] if reached[m] else None})
+    members = [{**trainer.member_info(m),
+                "episode_return_mean": trainer.member_episode_summary(m).get("episode_return_mean"),
+                "eval_return_mean": member_eval[m][0] if member_eval else None,
+                "steps_to_return": reached[m][0] if reached[m] else None,
+                "time_to_return_s": reached[m][1] if reached[m] else None} for m in range(trainer.n_members)]
     out = {"n_members": trainer.n_members, "members": members}
     variants = variant_summaries(members, seed=trainer.cfg.seed)
     if len(variants) > 1:
@@ -279,11 +272,12 @@ def run_loop(trainer, run_dir: Path, dist_info: torchrun.DistInfo, callbacks=(),
                         reached[m] = (trainer.global_step // n_members, now - start_time)
                 if several_variants:
                     record = {k: v for k, v in record.items() if k.startswith(POPULATION_KEYS)}
-                with monitor.logging():
-                    logger.log(record, trainer.global_step)
-                    for row in rows:
-                        logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
-                    logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
+                logging_start = time.perf_counter()  # the next row's perf/share_logging
+                logger.log(record, trainer.global_step)
+                for row in rows:
+                    logger.log({**row, "time/elapsed_s": now - start_time}, trainer.global_step)
+                logger.progress(trainer.global_step, {"sps": int(sps), **progress_returns(recent, rows)})
+                monitor.logging_s += time.perf_counter() - logging_start
                 # A population stops once every member is there, a single run once it is.
                 if cfg.stop_at_return and min(judged_returns) >= cfg.stop_at_return:
                     threshold = (trainer.global_step, time.perf_counter() - start_time)

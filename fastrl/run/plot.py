@@ -8,7 +8,6 @@ its Agg canvas: no display is needed and the process-wide backend is left alone.
 """
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from fastrl.config import UserError, brief
@@ -90,9 +89,7 @@ def _draw_runs(by_steps, by_wall, data, bands, names, colors, color_index: int) 
                     ax.fill_between([b[x] for b in band], [b[3] for b in band], [b[4] for b in band],
                                     color=band_color, alpha=0.2, lw=0)
             continue  # its evaluation rows count all members' steps, not a member's: not drawn on these axes
-        for ax, x in ((by_steps, 0), (by_wall, 1)):
-            if x == 1 and not curve["timed"]:
-                continue  # a run logged before time/elapsed_s: steps only
+        for ax, x in ((by_steps, 0), (by_wall, 1))[:1 + curve["timed"]]:  # a run logged before time/elapsed_s: steps
             ax.plot([p[x] for p in curve["train"]], [p[2] for p in curve["train"]], color=color, lw=1.5, label=name)
             if curve["eval"]:
                 drew_eval = True
@@ -189,17 +186,13 @@ def plot_main(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each holds metrics.jsonl)")
     parser.add_argument("--out", default=None, help="PNG to write (default: RUN/learning_curve.png for one run, "
                                                     "learning_curves.png in the current directory for several)")
+    args = parser.parse_args(argv)
+    out = args.out or (Path(args.runs[0]) / "learning_curve.png" if len(args.runs) == 1 else "learning_curves.png")
     try:
-        args = parser.parse_args(argv)
-        out = args.out or (Path(args.runs[0]) / "learning_curve.png" if len(args.runs) == 1 else "learning_curves.png")
-        try:
-            path = plot_runs(args.runs, out)
-        except ImportError:
-            raise UserError("matplotlib is not installed; pip install matplotlib") from None
-        except OSError as e:
-            raise UserError(f"could not write {out}: {e.strerror or e}") from None
-    except UserError as e:
-        print(f"fastrl plot: error: {e}", file=sys.stderr)
-        return 2
+        path = plot_runs(args.runs, out)
+    except ImportError:
+        raise UserError("matplotlib is not installed; pip install matplotlib") from None
+    except OSError as e:
+        raise UserError(f"could not write {out}: {e.strerror or e}") from None
     print(path)
     return 0

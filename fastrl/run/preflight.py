@@ -1,13 +1,12 @@
 """Checks that run before any work starts: every combination of config, env, device and launch that would
 otherwise fail later (with a traceback, or silently) is refused here with one line saying what is wrong and how
-to fix it.
+to fix it. (A run directory it cannot create or write is refused when it is claimed: ``fastrl.run.rundir``.)
 
 ``check_run(cfg)`` assumes ``cfg`` is a validated ``Config`` (``make_config`` checked each key and the keys'
 combinations); it adds what only the machine, the launch and the env can tell:
 
 - launch: under torchrun (``WORLD_SIZE`` > 1) impala/appo are refused, and ``n_envs`` must split evenly into
   per-rank batches that ``n_minibatches`` divides;
-- run directory: the one this run would write (``run_dir``, or ``runs/``) can be created and written;
 - device: CUDA present, the GPU index exists, one GPU per torchrun rank;
 - precision: fp16 needs CUDA, bf16 a GPU that has it; deterministic CUDA needs cuBLAS's workspace setting;
 - memory: the rollout buffer, model and envs must fit in the memory this machine has (``fastrl.run.footprint``);
@@ -20,7 +19,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from pathlib import Path
 
 import torch
 
@@ -42,8 +40,6 @@ def check_run(cfg: Config, world_size: int | None = None) -> None:
     if world_size is None:
         world_size = _env_int("WORLD_SIZE", 1)
     check_launch(cfg, world_size)
-    if _env_int("RANK", 0) == 0:  # only rank 0 writes
-        check_run_dir(cfg)
     device = check_device(cfg, world_size, _env_int("LOCAL_RANK", 0))
     check_precision(cfg, device)
     from fastrl.envs.registry import is_process_local  # actors rebuild the env by name, in fresh processes
@@ -81,24 +77,6 @@ def check_launch(cfg: Config, world_size: int) -> None:
         raise UserError(f"each of the {world_size} torchrun ranks collects {rank_envs} envs x {cfg.n_steps} steps = "
                         f"{rank_batch} samples, which n_minibatches={cfg.n_minibatches} does not divide; pick "
                         "n_minibatches that divides it")
-
-
-def check_run_dir(cfg: Config) -> None:
-    """The directory this run writes into (``run_dir``, or ``runs/`` for the default) is a directory it may create
-    and write. (Whether it already holds a run is decided when the run starts: see ``fastrl.run.rundir``.)"""
-    if cfg.resume and not cfg.run_dir:
-        return  # the resumed run's own directory, which loading the checkpoint found
-    path = Path(cfg.run_dir) if cfg.run_dir else Path("runs")
-    flag = "run_dir" if cfg.run_dir else "the default run directory"
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        what = "is a file" if existing == path else f"cannot be created ({str(existing)!r} is a file)"
-        raise UserError(f"{flag} {str(path)!r} {what}; pick another --run-dir")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "is not writable" if existing == path else f"cannot be created ({str(existing)!r} is not writable)"
-        raise UserError(f"{flag} {str(path)!r} {what}; pick another --run-dir")
 
 
 def check_device(cfg: Config, world_size: int = 1, local_rank: int = 0) -> torch.device:

@@ -26,7 +26,6 @@ import math
 import os
 import statistics
 import time
-from contextlib import contextmanager
 
 from fastrl.errors import print_line
 
@@ -108,15 +107,6 @@ class ResourceMonitor:
         self.last_wall, self.last_cpu = time.perf_counter(), cpu_seconds()
         self.logging_s = 0.0
         self.rows: dict = {}  # key -> the rows' values
-
-    @contextmanager
-    def logging(self):
-        """Time spent writing rows: the next row's ``perf/share_logging``."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.logging_s += time.perf_counter() - start
 
     def sample(self, record: dict, now: float) -> dict:
         """The ``perf/*`` figures of the interval that ends at ``now`` (``time.perf_counter()``), its sections read

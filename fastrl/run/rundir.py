@@ -260,13 +260,9 @@ def rewind_logs(run_dir: Path, step: int, drop_final_eval: bool = False) -> int:
     if not path.is_file():
         return 0
     rows, dropped = read_metrics(path, "fastrl")  # malformed rows (a torn last line from a kill -9) go
-    kept = []
-    for line, row in rows:
-        row_step = row["global_step"]
-        if row_step > step or drop_final_eval and row_step == step and row.keys() <= _FINAL_EVAL_KEYS:
-            dropped += 1
-        else:
-            kept.append(line)
+    kept = [line for line, row in rows if row["global_step"] < step or row["global_step"] == step and not (
+        drop_final_eval and row.keys() <= _FINAL_EVAL_KEYS)]
+    dropped += len(rows) - len(kept)
     if dropped:
         atomic_write(path, "".join(line + "\n" for line in kept).encode(), "the rewound metrics",
                      " (the run's files are as they were)")
@@ -294,5 +290,4 @@ def mark_running(run_dir: Path, step: int) -> None:
 def write_config(run_dir: Path, cfg: Config) -> None:
     """``config.yaml``: the experiment, reusable with ``--config`` (which never reads the run_dir/resume keys)."""
     import yaml
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -28,11 +28,10 @@ import dataclasses
 import statistics
 
 import torch
-from torch.func import vmap
 
 from fastrl.config import Config, UserError
 from fastrl.distributed import torchrun
-from fastrl.distributed.async_collect import AsyncCollector, RolloutViews, Timer
+from fastrl.distributed.async_collect import GroupedRollout, RolloutViews, Timer
 from fastrl.distributed.seeding import env_seed, member_generator, seed_process
 from fastrl.envs.async_env import make_async_env, resolve_env_mode
 from fastrl.envs.batched import make_env
@@ -43,7 +42,7 @@ from fastrl.learn.ppo import compute_advantages, explained_variance
 from fastrl.learn.precision import autocast_factory
 from fastrl.learn.stacked import FlatLayout, MemberPolicy
 from fastrl.learn.update import (HPARAM_KEYS, Update, UpdateSpec, copy_weights, epoch_end_mask, finish_metrics,
-                                 hand_gradient_applies, initial_opt_state, minibatch_index)
+                                 hand_gradient_applies, initial_opt_state, members_call, minibatch_index)
 from fastrl.run.allocator import keep_freed_memory
 from fastrl.run.compile import CompiledOrEager, compile_plan, skip_guards
 from fastrl.run.iteration import STATE_KEYS, Iteration, record_finished
@@ -128,7 +127,7 @@ class Trainer(MemberState):
         self._views = RolloutViews.of(self.buffer)
         self._plan_compiles()
         self.next_obs = self.env.reset()
-        self.async_collector = AsyncCollector(self) if self.env_mode == "async" else None
+        self.async_rollout = GroupedRollout(self.env.env, self.device) if self.env_mode == "async" else None
 
     # ------------------------------------------------------------------ compiling
     def _plan_compiles(self) -> None:
@@ -211,7 +210,6 @@ class Trainer(MemberState):
             value.copy_(new_state[key].reshape(value.shape))
         rollout = {key: value.transpose(0, 1).reshape(t, k * n, *value.shape[3:]).cpu()
                    for key, value in metrics.pop("rollout").items()}
-        self.next_obs = live["observation"]
         record_finished(env.stats, rollout["done"], rollout["finished_return"], rollout["finished_length"])
         buffer = self.buffer
         for key in self.spec.loss_keys:
@@ -270,10 +268,12 @@ class Trainer(MemberState):
 
     def _collect(self) -> None:
         self._steps_since_rollout_start = 0  # gSDE draws new exploration weights on each rollout's first step
-        if self.async_collector is not None:
-            return self.async_collector.collect()
         rollout_step, env, n_steps, v = self.rollout_step, self.env, self.cfg.n_steps, self._views
         obs = self.next_obs
+        if self.async_rollout is not None:  # the env's groups in turn (fastrl.distributed.async_collect)
+            self.next_obs = self.async_rollout.run(v, obs, self.act, self.bootstrap_value, self.timer)
+            self.global_step += self.steps_per_iteration
+            return
         # CPU, compiled: CompiledRolloutStep (forward, sampling and writes in one graph); else the eager forward.
         act = rollout_step if rollout_step is not None else self._act_eager
         for t in range(n_steps):
@@ -325,19 +325,9 @@ class Trainer(MemberState):
 
         def one_member(p, s, b, i, h, a):
             return update.steps(p, s, b, i, h, a, epoch_ends)
-        if self.n_members == 1 and update.path in ("module", "functional"):  # the members paths keep the K axis
-            squeeze = lambda tree: {k: v[0] for k, v in tree.items()} if isinstance(tree, dict) else (  # noqa: E731
-                tuple(x[0] for x in tree) if isinstance(tree, tuple) else (None if tree is None else tree[0]))
-            new_params, new_state, sums, active = one_member(params[0], squeeze(opt_state), squeeze(batch),
-                                                             squeeze(index), squeeze(hparams), active[0])
-            new_params, sums, active = new_params[None], {k: v[None] for k, v in sums.items()}, active[None]
-            new_state = {k: v[None] for k, v in new_state.items()}
-        elif not self.update_call.compiled:  # K members eagerly: the update broadcasts over the member axis itself
-            new_params, new_state, sums, active = one_member(params, opt_state, batch, index, hparams, active)
-        else:
-            in_dims = (0, 0, 0, None if index is None else 0, 0, 0)
-            new_params, new_state, sums, active = vmap(one_member, in_dims=in_dims)(params, opt_state, batch, index,
-                                                                                     hparams, active)
+        if update.path in ("module", "functional"):  # one member's steps, vmapped over the K members (K = 1: none)
+            one_member = members_call(self.n_members, one_member, (0, 0, 0, None if index is None else 0, 0, 0))
+        new_params, new_state, sums, active = one_member(params, opt_state, batch, index, hparams, active)
         copy_weights(params, opt_state, new_params, new_state)
         return sums, active
 
