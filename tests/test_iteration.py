@@ -5,7 +5,6 @@ import torch
 
 from fastrl.config import make_config
 from fastrl.kernels.gae import gae_reference
-from fastrl.kernels.gae import gae_reference
 from fastrl.run.iteration import gae_scan
 from fastrl.run.trainer import Trainer
 
