@@ -72,10 +72,11 @@ def test_stop_signal_saves_flushes_and_exits_cleanly(tmp_path, signum, compile_m
 
 def test_kill_9_during_checkpoint_writes_leaves_loadable_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
-    # A large network makes each checkpoint write long enough that kills land inside writes too.
+    # A large network makes each checkpoint write long enough that kills land inside writes too. Eager: the budget
+    # would have auto compile the update in each of the four processes, which checkpoints do not depend on.
     args = ["--total-steps", "100000000", "--n-envs", "8", "--n-steps", "8", "--n-epochs", "1", "--n-minibatches", "1",
             "--hidden-sizes", "1024", "1024", "--checkpoint-interval", "1", "--keep-checkpoints", "3",
-            "--eval-episodes", "0", "--run-dir", str(run_dir), *QUIET]
+            "--eval-episodes", "0", "--compile", "off", "--run-dir", str(run_dir), *QUIET]
     ckpts = run_dir / "checkpoints"
     for delay in (0.0, 0.13, 0.29):
         proc = _start(args if delay == 0.0 else [*args, "--resume", str(run_dir)], tmp_path)
@@ -356,7 +357,7 @@ def test_final_eval_is_logged_once_when_a_resume_finishes_the_run(tmp_path):
 def test_a_resumed_segment_marks_the_summary_running_until_it_ends(tmp_path):
     run_dir = tmp_path / "run"
     assert main(["--total-steps", "256", "--n-envs", "4", "--run-dir", str(run_dir), *SMALL, *QUIET]) == 0
-    proc = _start(["--resume", str(run_dir), "--total-steps", "100000000", *QUIET], tmp_path)
+    proc = _start(["--resume", str(run_dir), "--total-steps", "100000000", "--compile", "off", *QUIET], tmp_path)
     metrics = run_dir / "metrics.jsonl"
     assert _wait_for(lambda: json.loads(metrics.read_text().splitlines()[-1])["global_step"] > 512), proc.stderr.read()
     proc.kill()

@@ -67,8 +67,9 @@ def test_two_runs_started_together_write_two_run_dirs(tmp_path):
 
 def test_a_live_run_refuses_every_second_writer_until_it_dies(tmp_path):
     run_dir = tmp_path / "run"
-    owner = _train(TINY + QUIET + ["--total-steps", "100000000", "--checkpoint-interval", "2", "--run-dir",
-                                   str(run_dir)], tmp_path)
+    # Eager: the endless budget would have auto compile the owner's update before its first checkpoint.
+    owner = _train(TINY + QUIET + ["--total-steps", "100000000", "--checkpoint-interval", "2", "--compile", "off",
+                                   "--run-dir", str(run_dir)], tmp_path)
     try:
         deadline = time.time() + 180
         while time.time() < deadline and not list_checkpoints(run_dir / "checkpoints"):
