@@ -107,7 +107,8 @@ def test_cnn_encoders_take_uint8_frames(encoder, cls, features):
 
 
 def test_atari_trainer_keeps_frames_uint8_in_the_buffer():
-    cfg = make_config(dict(env="Breakout-v5", n_envs=2, n_steps=4, n_minibatches=2, env_threads=1, **QUIET))
+    cfg = make_config(dict(env="Breakout-v5", n_envs=2, n_steps=4, n_minibatches=2, env_threads=1, compile="off",
+                           **QUIET))  # eager: the Atari budget would compile the update, which the dtype does not need
     trainer = Trainer(cfg)
     assert resolve_encoder(cfg.encoder, trainer.env.observation_shape) == "nature_cnn"
     trainer.collect()
