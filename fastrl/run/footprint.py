@@ -21,7 +21,7 @@ import torch
 
 from fastrl.config import Config, UserError
 from fastrl.defaults import ACTOR_LEARNER_ALGOS
-from fastrl.run.storage import gib
+from fastrl.run.storage import byte_size
 
 ENV_BYTES = 32 << 10  # per env, beyond its observation buffers
 SCALARS = 10  # per step: reward, done, terminated, value, log-prob, advantage, return, ... as 4-byte numbers
@@ -108,9 +108,9 @@ def _refuse_over(parts: dict, members: int, ranks: int, have: int | None, where:
                 break
         fix = ", ".join(flags) + (" (or raise --n-minibatches)" if "minibatch activations" in parts and
                                   "--n-steps" in flags and "--hidden-sizes" in flags else "")
-    each = ", ".join(f"{name} {gib(size)}" for name, size in parts.items())
+    each = ", ".join(f"{name} {byte_size(size)}" for name, size in parts.items())
     times = (f" x {members:,} members" if members > 1 else "") + (f" x {ranks} ranks on this node" if ranks > 1 else "")
-    raise UserError(f"this run needs about {gib(need)} ({each}{times}), more than the {gib(have)} {where}: "
+    raise UserError(f"this run needs about {byte_size(need)} ({each}{times}), more than the {byte_size(have)} {where}: "
                     f"lower {fix}")
 
 
@@ -118,5 +118,5 @@ def check_eval_memory(n_envs: int, shape: tuple, dtype: torch.dtype, what: str) 
     """Refuse an evaluation of ``n_envs`` envs at once (``--episodes`` x ``--seeds``) that cannot fit in memory."""
     need, have = env_bytes(n_envs, observation_bytes(shape, dtype)), available_host_bytes()
     if have is not None and need > have:
-        raise UserError(f"{what} plays {n_envs:,} episodes at once, about {gib(need)} of envs, more than the "
-                        f"{gib(have)} this machine has available: lower --episodes or --seeds")
+        raise UserError(f"{what} plays {n_envs:,} episodes at once, about {byte_size(need)} of envs, more than the "
+                        f"{byte_size(have)} this machine has available: lower --episodes or --seeds")

@@ -14,8 +14,13 @@ from fastrl.errors import UserError, first_line
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def gib(n: float) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**28 else f"{n / 2**20:,.1f} MiB"
+def byte_size(n: float) -> str:
+    """``n`` bytes for a message: ``512 B``, ``4.0 KiB``, ``12.5 MiB``, ``16.0 GiB``."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"
 
 
 def free_bytes(path: Path) -> int | None:
@@ -35,9 +40,9 @@ def write_error(what: str, path: Path, error: BaseException, needed: int, hint: 
     (by the error, or by the space left) says so."""
     free = free_bytes(path)
     if getattr(error, "errno", None) in DISK_FULL or (free is not None and free < needed):
-        left = f", {gib(free)} free" if free is not None else ""
-        return UserError(f"no space left on device for {what} {path} (it needs about {gib(needed)}{left}): free disk "
-                         f"space{hint}")
+        left = f", {byte_size(free)} free" if free is not None else ""
+        return UserError(f"no space left on device for {what} {path} (it needs about {byte_size(needed)}{left}): free "
+                         f"disk space{hint}")
     reason = getattr(error, "strerror", None) or first_line(error)
     return UserError(f"could not write {what} {path}: {reason}{hint}")
 
